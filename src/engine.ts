@@ -1,0 +1,120 @@
+/** @module The `Engine` port: what the scheduler needs from a replica, real or simulated. */
+
+/** One call handed to an engine after admission. */
+export interface EngineCall {
+  requestId: string;
+  model: string;
+  /** Prompt token ids, as sluice's tokenizer counted them (the simulator runs on these). */
+  promptTokens: readonly number[];
+  /** Upper bound on generated tokens. */
+  maxTokens: number;
+  /** Data-parallel rank the call is bound to, when the engine has several. */
+  rank?: number;
+  endpoint: "chat" | "completions";
+  /** The client's OpenAI request body; HTTP engines forward it, the simulator ignores it. */
+  body?: Readonly<Record<string, unknown>>;
+  /** Whether the client asked for a stream (HTTP engines forward raw SSE events then). */
+  stream: boolean;
+  /** Aborting it cancels the call at the engine, before or after its first byte. */
+  signal: AbortSignal;
+}
+
+/** A piece of generated output. */
+export interface EngineChunk {
+  /** Generated token ids in this chunk (empty when an HTTP engine does not expose them). */
+  tokens: readonly number[];
+  /** Number of generated tokens this chunk carries (≥ tokens.length). */
+  tokenCount: number;
+  /** Generated text in this chunk. */
+  text: string;
+  /** The upstream's own SSE event bytes, when forwarding a streaming HTTP engine untouched. */
+  raw?: Uint8Array;
+}
+
+export type FinishReason = "stop" | "length" | "abort" | "error";
+
+/** What an engine reports at the end of a call. */
+export interface EngineResult {
+  promptTokens: number;
+  completionTokens: number;
+  /** Prompt tokens served from the prefix cache. */
+  cachedTokens: number;
+  finishReason: FinishReason;
+  /** All generated token ids, when known (fed into the router's prefix index). */
+  outputTokens?: readonly number[];
+}
+
+/**
+ * A running call. Iterate it for chunks; iteration throws `EngineError` when
+ * the engine fails mid-stream. `return()` on the iterator (a `break`) cancels it.
+ */
+export interface EngineStream extends AsyncIterable<EngineChunk> {
+  /** Settles at the first generated token or at completion, whichever comes first. */
+  readonly firstToken: Promise<void>;
+  /** Settles when the call ends; rejects with `EngineError` on failure. Never unhandled. */
+  readonly result: Promise<EngineResult>;
+}
+
+/** What a replica says about itself; counters are cumulative since the engine started. */
+export interface EngineSignals {
+  /** Clock time (ms) when these signals were read; `-Infinity` when never read. */
+  readAtMs: number;
+  /** False after a failed scrape or a lost connection. */
+  healthy: boolean;
+  /** KV blocks held by running calls over all blocks (0–1), excluding evictable cache. */
+  kvUsage: number;
+  /** Prompt tokens looked up in the prefix cache (cumulative). */
+  prefixQueryTokens: number;
+  /** Prompt tokens found in the prefix cache (cumulative). */
+  prefixHitTokens: number;
+  running: number;
+  waiting: number;
+  /** Preemptions so far (cumulative). */
+  preemptions: number;
+  /** KV cache capacity in tokens (blocks × block size), 0 when unknown. */
+  kvCapacityTokens: number;
+  /** Engine KV block size in tokens, 0 when unknown. */
+  blockSize: number;
+  /** Engine `max_num_seqs`, 0 when unknown. */
+  maxNumSeqs: number;
+  /** Data-parallel size, 1 when unknown. */
+  dataParallelSize: number;
+  /** Prefill throughput the engine states or was calibrated with (tokens/s), when known. */
+  prefillTokensPerSecond?: number;
+}
+
+/** A replica: the scheduler forwards admitted calls to it and reads its signals. */
+export interface Engine {
+  /** Stable replica id, used as the `replica`/`worker` label. */
+  readonly id: string;
+  /** Model names this replica serves. */
+  models(): readonly string[];
+  /**
+   * Starts a call. Resolves once the engine accepted it (an HTTP engine: once
+   * the upstream answered 200); rejects with a `Refusal` when the engine refused
+   * before any output, or with `EngineError` when it could not be reached.
+   */
+  generate(call: EngineCall): Promise<EngineStream>;
+  /** The latest signals (cheap; adapters refresh them in the background). */
+  signals(): EngineSignals;
+  /** Stops background work (scrapes, timers) and cancels running calls. */
+  close?(): Promise<void>;
+}
+
+/** Signals of an engine that has never reported. */
+export function unknownSignals(): EngineSignals {
+  return {
+    readAtMs: Number.NEGATIVE_INFINITY,
+    healthy: false,
+    kvUsage: 0,
+    prefixQueryTokens: 0,
+    prefixHitTokens: 0,
+    running: 0,
+    waiting: 0,
+    preemptions: 0,
+    kvCapacityTokens: 0,
+    blockSize: 0,
+    maxNumSeqs: 0,
+    dataParallelSize: 1,
+  };
+}

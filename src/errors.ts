@@ -1,0 +1,195 @@
+/** @module One `Refusal` type for every "no" sluice says, and its rendering as an OpenAI-style error. */
+
+/** Every machine-readable reason sluice refuses a call with (SPEC 8). */
+export type RefusalReason =
+  | "invalid_request"
+  | "unauthorized"
+  | "model_not_found"
+  | "session_not_found"
+  | "context_limit"
+  | "overflow"
+  | "body_too_large"
+  | "queue_full"
+  | "queue_timeout"
+  | "token_budget_exhausted"
+  | "deadline_infeasible"
+  | "session_queue_full"
+  | "rate_limited"
+  | "worker_overloaded"
+  | "unavailable";
+
+/** OpenAI-style error `type` field. */
+export type ErrorType =
+  | "overloaded_error"
+  | "invalid_request_error"
+  | "authentication_error"
+  | "not_found_error"
+  | "unavailable_error";
+
+/** Token limits that explain a refusal, in tokens. */
+export interface RefusalLimits {
+  max_input_tokens?: number;
+  max_total_tokens?: number;
+  max_output_tokens?: number;
+}
+
+/** Where a refusal applies: one rank, the whole worker, one lane, or the whole fleet. */
+export type RefusalScope = "rank" | "worker" | "lane" | "fleet" | "request";
+
+export interface RefusalInit {
+  status?: number;
+  scope?: RefusalScope;
+  rank?: number;
+  lane?: "interactive" | "bulk" | "overflow";
+  /** Whole seconds, ≥ 1; only meaningful on 429, 529 and 503. */
+  retryAfterSeconds?: number;
+  limits?: RefusalLimits;
+  /** The offending request parameter, for `invalid_request`. */
+  param?: string | null;
+  cause?: unknown;
+}
+
+const DEFAULT_STATUS: Record<RefusalReason, number> = {
+  invalid_request: 400,
+  unauthorized: 401,
+  model_not_found: 404,
+  session_not_found: 404,
+  context_limit: 413,
+  overflow: 413,
+  body_too_large: 413,
+  queue_full: 429,
+  queue_timeout: 429,
+  token_budget_exhausted: 429,
+  deadline_infeasible: 429,
+  session_queue_full: 429,
+  rate_limited: 429,
+  worker_overloaded: 529,
+  unavailable: 503,
+};
+
+/** The HTTP status SPEC 8 gives a reason (529 for `worker_overloaded` unless configured otherwise). */
+export function defaultStatus(reason: RefusalReason): number {
+  return DEFAULT_STATUS[reason];
+}
+
+/** Statuses that tell a client to come back later, and so carry `Retry-After`. */
+export function isRetryableStatus(status: number): boolean {
+  return status === 429 || status === 503 || status === 529 || (status >= 500 && status !== 501);
+}
+
+/**
+ * A refusal: sluice will not run this call (now). Thrown by the core, mapped
+ * to a response in exactly one place per adapter via `renderRefusal`.
+ */
+export class Refusal extends Error {
+  readonly reason: RefusalReason;
+  readonly status: number;
+  readonly scope: RefusalScope | undefined;
+  readonly rank: number | undefined;
+  readonly lane: "interactive" | "bulk" | "overflow" | undefined;
+  readonly retryAfterSeconds: number | undefined;
+  readonly limits: RefusalLimits | undefined;
+  readonly param: string | null;
+
+  constructor(reason: RefusalReason, message: string, init: RefusalInit = {}) {
+    super(message, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = "Refusal";
+    this.reason = reason;
+    this.status = init.status ?? DEFAULT_STATUS[reason];
+    this.scope = init.scope;
+    this.rank = init.rank;
+    this.lane = init.lane;
+    this.limits = init.limits;
+    this.param = init.param ?? null;
+    this.retryAfterSeconds = isRetryableStatus(this.status)
+      ? wholeSecondsAtLeastOne(init.retryAfterSeconds ?? 1)
+      : undefined;
+  }
+
+  /** The same refusal with other fields (status, lane, Retry-After) filled in by an outer layer. */
+  with(init: RefusalInit): Refusal {
+    return new Refusal(this.reason, this.message, {
+      status: init.status ?? this.status,
+      scope: init.scope ?? this.scope,
+      rank: init.rank ?? this.rank,
+      lane: init.lane ?? this.lane,
+      retryAfterSeconds: init.retryAfterSeconds ?? this.retryAfterSeconds,
+      limits: init.limits ?? this.limits,
+      param: init.param ?? this.param,
+      cause: init.cause ?? this.cause,
+    });
+  }
+
+  /** The OpenAI error `type` for this refusal. */
+  get type(): ErrorType {
+    return errorTypeOf(this.reason, this.status);
+  }
+}
+
+/** Rounds a duration in seconds up to whole seconds, never below 1. */
+export function wholeSecondsAtLeastOne(seconds: number): number {
+  if (!Number.isFinite(seconds)) return 3600;
+  return Math.max(1, Math.ceil(seconds - 1e-9));
+}
+
+function errorTypeOf(reason: RefusalReason, status: number): ErrorType {
+  if (reason === "unauthorized") return "authentication_error";
+  if (reason === "model_not_found" || reason === "session_not_found") return "not_found_error";
+  if (reason === "unavailable") return "unavailable_error";
+  if (status === 429 || status >= 500) return "overloaded_error";
+  return "invalid_request_error";
+}
+
+/** The SPEC 8 error envelope body. */
+export interface ErrorEnvelope {
+  error: {
+    message: string;
+    type: ErrorType;
+    code: RefusalReason;
+    param: string | null;
+    request_id: string;
+    lane: "interactive" | "bulk" | "overflow" | null;
+    limits: RefusalLimits | null;
+  };
+}
+
+/** A refusal rendered for any transport: status, headers and the JSON envelope. */
+export interface RenderedRefusal {
+  status: number;
+  headers: Record<string, string>;
+  body: ErrorEnvelope;
+}
+
+/** Renders a refusal as SPEC 8's OpenAI-style envelope with its headers (`Retry-After` where due). */
+export function renderRefusal(refusal: Refusal, requestId: string): RenderedRefusal {
+  const headers: Record<string, string> = { "content-type": "application/json", "x-request-id": requestId };
+  if (refusal.retryAfterSeconds !== undefined) headers["retry-after"] = String(refusal.retryAfterSeconds);
+  if (refusal.lane && refusal.lane !== "overflow") headers["x-sluice-lane"] = refusal.lane;
+  return {
+    status: refusal.status,
+    headers,
+    body: {
+      error: {
+        message: refusal.message,
+        type: refusal.type,
+        code: refusal.reason,
+        param: refusal.param,
+        request_id: requestId,
+        lane: refusal.lane ?? null,
+        limits: refusal.limits ?? null,
+      },
+    },
+  };
+}
+
+/** An engine failed after the call was admitted (connection lost, upstream error mid-stream). */
+export class EngineError extends Error {
+  constructor(
+    message: string,
+    readonly upstreamStatus?: number,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "EngineError";
+  }
+}

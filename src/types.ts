@@ -1,0 +1,157 @@
+/** @module Shared vocabulary of the scheduler's API: calls, sessions, lanes, state snapshots, events. */
+
+import type { EngineChunk, EngineResult } from "./engine.js";
+
+/** A lane a call runs in. */
+export type Lane = "interactive" | "bulk";
+/** A lane classification; `overflow` is refused. */
+export type LaneClass = Lane | "overflow";
+
+/** An OpenAI chat message (content may be a string or an array of parts). */
+export interface ChatMessage {
+  role: string;
+  content?: unknown;
+  name?: string;
+  tool_call_id?: string;
+  tool_calls?: unknown;
+}
+
+/** The prompt of a call, in whichever form the client sent it. */
+export type CallInput =
+  | { kind: "chat"; messages: readonly ChatMessage[] }
+  | { kind: "text"; prompt: string }
+  | { kind: "tokens"; tokens: readonly number[] };
+
+/** A validated call, as the HTTP and NATS adapters and the benchmark hand it to the scheduler. */
+export interface CallRequest {
+  requestId: string;
+  /** Model name; undefined means the fleet's first model. */
+  model?: string;
+  endpoint: "chat" | "completions";
+  input: CallInput;
+  /** Requested output tokens; undefined takes the configured default (never the context window). */
+  maxTokens?: number;
+  /** Whether the client streams (SSE); HTTP engines forward raw events then. */
+  stream: boolean;
+  /** The client's OpenAI body, forwarded to HTTP engines. */
+  body?: Record<string, unknown>;
+  /** Session key (from a session header or the sessions API); opens a session implicitly when new. */
+  sessionId?: string;
+  /** Declared intent; a large call stays bulk whatever it declares. */
+  declaredLane?: Lane;
+  /** The client's own time-to-first-token deadline, ms. */
+  deadlineMs?: number;
+  /** Priority from the API key (higher is more important); never from a client header. Default 0. */
+  priority?: number;
+  tenant?: string;
+  signal?: AbortSignal;
+}
+
+/**
+ * An admitted call bound to a replica. Iterate it for the engine's chunks;
+ * when iteration ends (normally, by `break`, by failure or by `cancel()`),
+ * every permit, reservation and session step it holds is released exactly once.
+ */
+export interface AdmittedCall extends AsyncIterable<EngineChunk> {
+  readonly requestId: string;
+  readonly lane: Lane;
+  readonly replica: string;
+  /** Time spent waiting for admission (session window, gate queue), ms. */
+  readonly queueMs: number;
+  readonly inputTokens: number;
+  readonly maxTokens: number;
+  readonly sessionId: string | undefined;
+  /** Settles when the call ends; rejects with `EngineError` when the engine failed. */
+  readonly result: Promise<EngineResult>;
+  /** Cancels the call (upstream included) and releases what it holds. Idempotent. */
+  cancel(): void;
+}
+
+export type SessionState = "waiting" | "active" | "paused" | "closed";
+
+/** A session as the API shows it (SPEC 8). */
+export interface SessionView {
+  id: string;
+  state: SessionState;
+  replica: string | null;
+  steps: number;
+  /** Tokens the session's context holds: last prompt plus its output. */
+  tokens: number;
+  lane?: Lane;
+  metadata?: Record<string, unknown>;
+}
+
+export interface OpenSessionInit {
+  id?: string;
+  lane?: Lane;
+  metadata?: Record<string, unknown>;
+}
+
+export type OverloadStage = "normal" | "bulk_paused" | "shedding";
+
+export type RouteReason = "pinned" | "prefix" | "load" | "affinity_break";
+
+/** Per-replica part of `/v1/admin/state`. */
+export interface ReplicaState {
+  id: string;
+  healthy: boolean;
+  /** A worker-wide gate rejection marked it busy (no new calls for 1 s). */
+  busy: boolean;
+  signals: {
+    kvUsage: number;
+    /** Token-weighted prefix-cache hit rate over the last control interval (0–1). */
+    hitRate: number;
+    running: number;
+    waiting: number;
+    preemptions: number;
+    stale: boolean;
+    ageMs: number;
+    kvCapacityTokens: number;
+    maxNumSeqs: number;
+    dataParallelSize: number;
+    prefillTokensPerSecond: number;
+  };
+  /** Session window; `size` is null when the policy has no window. */
+  window: { size: number | null; active: number; paused: number; waiting: number };
+  gate: {
+    requests: number;
+    waiting: number;
+    queued: number;
+    ranks: { rank: number; requests: number; waiting: number; queued: number }[];
+    unranked: { requests: number; waiting: number; queued: number };
+    limits: { engineRequestLimit: number; engineRequestWaitingLimit: number; requestQueueLimit: number };
+    counters: { received: number; admittedDirect: number; admittedQueue: number; rejected: number; cancelled: number };
+  };
+  budget: { ceilingTokens: number; reservedTokens: number; availableTokens: number; guardTokens: number };
+  lanes: Record<Lane, { queued: number; oldestAgeMs: number }>;
+  queuedPrefillTokens: number;
+  inflightPrefillTokens: number;
+}
+
+/** `/v1/admin/state`: everything an operator or the dashboard needs, as plain JSON. */
+export interface AdminState {
+  atMs: number;
+  policy: string;
+  stage: OverloadStage;
+  models: string[];
+  replicas: ReplicaState[];
+  sessions: { total: number; waiting: number; active: number; paused: number };
+  /** Cumulative refusals by reason. */
+  rejections: Record<string, number>;
+}
+
+export type CallOutcome = "ok" | "error" | "cancelled";
+
+/** Hooks the metrics adapter (and tests) attach to; every one is optional and must not throw. */
+export interface SchedulerEvents {
+  /** A call passed validation and was tokenized and classified. */
+  arrival?(e: { lane: LaneClass; inputTokens: number; maxTokens: number }): void;
+  refusal?(e: { reason: string; lane: LaneClass | undefined; status: number }): void;
+  route?(e: { replica: string; reason: RouteReason; predictedHitTokens: number; promptTokens: number }): void;
+  admitted?(e: { lane: Lane; replica: string; queueWaitMs: number }): void;
+  firstToken?(e: { lane: Lane; replica: string; ttftMs: number }): void;
+  /** Mean gap between tokens of a finished call (ms), when it generated ≥ 2 tokens. */
+  interToken?(e: { lane: Lane; replica: string; meanGapMs: number; tokens: number }): void;
+  finished?(e: { lane: Lane; replica: string; outcome: CallOutcome }): void;
+  session?(e: { id: string; event: "admitted" | "paused" | "resumed" | "closed"; replica: string | null }): void;
+}
