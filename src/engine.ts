@@ -97,6 +97,8 @@ export interface Engine {
   generate(call: EngineCall): Promise<EngineStream>;
   /** The latest signals (cheap; adapters refresh them in the background). */
   signals(): EngineSignals;
+  /** Context window (max model length) in tokens, when the engine reports it. */
+  contextWindow?(model?: string): number | undefined;
   /** Stops background work (scrapes, timers) and cancels running calls. */
   close?(): Promise<void>;
 }

@@ -1,0 +1,129 @@
+/** @module The scheduler's configuration: one zod schema with every default, validated once at start-up. */
+
+import { z } from "zod";
+
+const positiveInt = z.number().int().positive();
+const nonNegativeInt = z.number().int().nonnegative();
+const fraction = z.number().min(0).max(1);
+const ms = z.number().nonnegative();
+
+/** Policies the scheduler can run; the baselines go through the same code. */
+export const POLICIES = ["rr", "gate", "gate-prefix", "sluice"] as const;
+export type Policy = (typeof POLICIES)[number];
+
+const laneQueue = z.strictObject({
+  /** Lane queue limit; undefined follows the gate's request queue limit. */
+  queueLimit: nonNegativeInt.optional(),
+  /** Longest a call may wait in this lane's queue before a 429 `queue_timeout`, ms. */
+  maxResidenceMs: ms,
+  /** Time-to-first-token deadline of the lane for the feasibility check, ms. */
+  deadlineMs: ms,
+});
+
+export const schedulerConfigSchema = z.strictObject({
+  policy: z.enum(POLICIES).default("sluice"),
+  /** Router block size in tokens (SPEC 7). */
+  blockSize: positiveInt.default(64),
+  /** `max_tokens` of a call that sets none. */
+  defaultMaxTokens: positiveInt.default(1024),
+  /** Context window override in tokens; undefined takes what the engine reports (or 131072). */
+  contextWindowTokens: positiveInt.optional(),
+  gate: z
+    .strictObject({
+      engineRequestLimit: positiveInt.optional(),
+      engineRequestWaitingLimit: positiveInt.optional(),
+      requestQueueLimit: nonNegativeInt.optional(),
+      /** HTTP status of a gate rejection. */
+      overloadStatus: z.number().int().min(400).max(599).default(529),
+    })
+    .prefault({}),
+  lanes: z
+    .strictObject({
+      interactiveMaxInputTokens: positiveInt.default(4096),
+      interactiveMaxOutputTokens: positiveInt.default(1024),
+      /** Largest input + max_tokens of any call; undefined takes the context window. */
+      bulkMaxTotalTokens: positiveInt.optional(),
+      interactive: laneQueue.partial().prefault({}),
+      bulk: laneQueue.partial().prefault({}),
+      bulkFloorShare: fraction.default(0.1),
+      bulkMaxShare: fraction.default(0.5),
+      shareWindowMs: ms.default(60_000),
+    })
+    .prefault({}),
+  budget: z
+    .strictObject({
+      /** KV ceiling in tokens; undefined takes the engine's KV capacity. */
+      ceilingTokens: positiveInt.optional(),
+      guardBandFraction: fraction.default(0.1),
+    })
+    .prefault({}),
+  window: z
+    .strictObject({
+      initial: positiveInt.default(8),
+      min: positiveInt.default(1),
+      max: positiveInt.default(1024),
+      increase: z.number().positive().default(2),
+      decrease: z.number().gt(0).lt(1).default(0.5),
+      kvLow: fraction.default(0.2),
+      kvHigh: fraction.default(0.5),
+      hitLow: fraction.default(0.2),
+    })
+    .prefault({}),
+  sessions: z
+    .strictObject({
+      controlIntervalMs: z.number().positive().default(2000),
+      idleTimeoutMs: z.number().positive().default(120_000),
+      queueLimit: nonNegativeInt.default(1024),
+      waitLimitMs: ms.default(600_000),
+      staleSignals: z.enum(["closed", "open"]).default("closed"),
+      staleAfterMs: z.number().positive().default(5000),
+    })
+    .prefault({}),
+  routing: z
+    .strictObject({
+      affinityBreakKv: fraction.default(0.85),
+      affinityBreakMs: ms.default(5000),
+      busyMarkMs: ms.default(1000),
+    })
+    .prefault({}),
+  overload: z
+    .strictObject({
+      /** Interactive queue-age objective (p95 per window), ms. */
+      objectiveMs: z.number().positive().default(2000),
+      windowMs: z.number().positive().default(60_000),
+      bulkPauseAfter: positiveInt.default(3),
+      shedAfter: positiveInt.default(2),
+      recoverAfter: positiveInt.default(5),
+      recoverFraction: fraction.default(0.7),
+    })
+    .prefault({}),
+});
+
+/** Configuration as given: every field optional. */
+export type SchedulerConfigInput = z.input<typeof schedulerConfigSchema>;
+/** Configuration with every default filled in. */
+export type SchedulerConfig = z.output<typeof schedulerConfigSchema>;
+
+export const LANE_DEFAULTS = {
+  interactive: { maxResidenceMs: 10_000, deadlineMs: 10_000 },
+  bulk: { maxResidenceMs: 300_000, deadlineMs: 300_000 },
+} as const;
+
+/** Validates a configuration and fills in defaults; throws a `RangeError` naming every bad field. */
+export function resolveSchedulerConfig(input: SchedulerConfigInput = {}): SchedulerConfig {
+  const parsed = schedulerConfigSchema.safeParse(input);
+  if (!parsed.success)
+    throw new RangeError(`invalid scheduler configuration: ${z.prettifyError(parsed.error)}`);
+  const config = parsed.data;
+  if (config.window.min > config.window.max) {
+    throw new RangeError(
+      `window.min (${config.window.min}) must not exceed window.max (${config.window.max})`,
+    );
+  }
+  if (config.window.kvLow > config.window.kvHigh) {
+    throw new RangeError(
+      `window.kvLow (${config.window.kvLow}) must not exceed window.kvHigh (${config.window.kvHigh})`,
+    );
+  }
+  return config;
+}
