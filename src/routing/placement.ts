@@ -1,0 +1,185 @@
+/**
+ * @module Placement (SPEC 7): predicted time to first token per replica and the choice among them.
+ * Pure functions over a snapshot; the router owns the state (indexes, pins, busy marks).
+ */
+
+import type { PrefixIndex } from "./prefix-index.js";
+
+/** What the TTFT prediction needs to know about one replica. */
+export interface TtftInput {
+  /** Prompt tokens this replica would have to compute (not in its prefix cache). */
+  uncachedPrefillTokens: number;
+  /** Prefill tokens of calls queued for this replica (sluice's queues and the engine's waiting). */
+  queuedPrefillTokens: number;
+  /** Prefill tokens of calls admitted and not yet past their first token. */
+  inflightPrefillTokens: number;
+  /** Measured prefill rate, tokens per second (> 0). */
+  prefillTokensPerSecond: number;
+  /** KV usage 0–1 (blocks held by running calls). */
+  kvUsage: number;
+}
+
+/**
+ * Scale of the KV-pressure term, ms. With usage u the term is `KV_PRESSURE_MS · u² / (1 − u)`:
+ * 12.5 ms at u = 0.2, 125 ms at 0.5, ~1 s at 0.85, ~3.6 s at 0.95, ~20 s at 0.99, capped at
+ * u = 0.999 (~250 s). Near a full KV cache the engine must evict cached prefixes or preempt
+ * running calls before a new prefill can start, and that cost grows without bound as free
+ * blocks run out; at low usage the term only breaks ties towards the emptier replica.
+ */
+export const KV_PRESSURE_MS = 250;
+
+/** Usage at which the pressure term stops growing (keeps it finite at u = 1). */
+const KV_USAGE_CAP = 0.999;
+
+/**
+ * Predicted time to first token on one replica, ms:
+ * `(uncached + queued + in-flight prefill tokens) / prefill rate × 1000` plus the KV-pressure
+ * term (see {@link KV_PRESSURE_MS}).
+ * @throws RangeError when the rate is not a positive finite number or a count is negative
+ */
+export function predictTtftMs(candidate: TtftInput): number {
+  const { uncachedPrefillTokens, queuedPrefillTokens, inflightPrefillTokens, prefillTokensPerSecond } =
+    candidate;
+  if (!(prefillTokensPerSecond > 0) || !Number.isFinite(prefillTokensPerSecond)) {
+    throw new RangeError(`prefillTokensPerSecond should be a positive number, got ${prefillTokensPerSecond}`);
+  }
+  if (!(uncachedPrefillTokens >= 0 && queuedPrefillTokens >= 0 && inflightPrefillTokens >= 0)) {
+    throw new RangeError(
+      `prefill token counts should be ≥ 0, got uncached ${uncachedPrefillTokens}, queued ${queuedPrefillTokens}, in-flight ${inflightPrefillTokens}`,
+    );
+  }
+  const prefillMs =
+    ((uncachedPrefillTokens + queuedPrefillTokens + inflightPrefillTokens) / prefillTokensPerSecond) * 1000;
+  return prefillMs + kvPressureMs(candidate.kvUsage);
+}
+
+/** The KV-pressure term alone, ms (0 for usage ≤ 0 or not a number). */
+export function kvPressureMs(kvUsage: number): number {
+  if (!(kvUsage > 0)) return 0;
+  const u = Math.min(kvUsage, KV_USAGE_CAP);
+  return (KV_PRESSURE_MS * u * u) / (1 - u);
+}
+
+/** One replica as placement sees it. */
+export interface PlacementCandidate {
+  id: string;
+  /** Its prefix index; null when the router keeps none (e.g. the baselines). */
+  index: PrefixIndex | null;
+  queuedPrefillTokens: number;
+  inflightPrefillTokens: number;
+  prefillTokensPerSecond: number;
+  kvUsage: number;
+  /** A worker-wide gate rejection within the last second. */
+  busy: boolean;
+  /** Healthy and serving the model; an ineligible replica is never chosen. */
+  eligible: boolean;
+}
+
+export interface PlacementInput {
+  promptTokens: number;
+  /** Chained block hashes of the prompt, of `blockSize` tokens each. */
+  hashes: readonly string[];
+  /** The replica the session is pinned to, if any. */
+  pinned?: string | undefined;
+  candidates: readonly PlacementCandidate[];
+  /** Tokens per block of `hashes`. */
+  blockSize: number;
+  /** KV usage at or above which a pinned replica loses the session. Default 0.85. */
+  affinityBreakKv?: number;
+  /** Margin, ms, by which the pinned replica's TTFT may exceed the best alternative's. Default 5000. */
+  affinityBreakMs?: number;
+  /** Whether prefix hits count; false: every prompt token is uncached everywhere. */
+  usePrefix: boolean;
+}
+
+export type PlacementReason = "pinned" | "prefix" | "load" | "affinity_break";
+
+export interface Placement {
+  replica: string;
+  reason: PlacementReason;
+  /** Prompt tokens predicted to be served from the chosen replica's prefix cache. */
+  predictedHitTokens: number;
+  predictedTtftMs: number;
+}
+
+interface Scored {
+  candidate: PlacementCandidate;
+  hitTokens: number;
+  ttftMs: number;
+}
+
+/** Lower TTFT first; then more cached tokens; then lower KV usage; then candidate order. */
+function better(x: Scored, y: Scored): boolean {
+  if (x.ttftMs !== y.ttftMs) return x.ttftMs < y.ttftMs;
+  if (x.hitTokens !== y.hitTokens) return x.hitTokens > y.hitTokens;
+  return x.candidate.kvUsage < y.candidate.kvUsage;
+}
+
+function bestOf(scored: readonly Scored[], except?: Scored): Scored | undefined {
+  let best: Scored | undefined;
+  for (const s of scored) {
+    if (s === except) continue;
+    if (best === undefined || better(s, best)) best = s;
+  }
+  return best;
+}
+
+function choice(s: Scored, reason: PlacementReason): Placement {
+  return { replica: s.candidate.id, reason, predictedHitTokens: s.hitTokens, predictedTtftMs: s.ttftMs };
+}
+
+/**
+ * Chooses the replica for a call (SPEC 7), or undefined when no replica is eligible.
+ *
+ * - Ineligible replicas are never chosen. Busy replicas are skipped unless every eligible one is busy.
+ * - Lower predicted TTFT wins (ties: more cached tokens, lower KV usage, candidate order).
+ * - A pinned replica keeps the session unless its KV usage is ≥ `affinityBreakKv` or its TTFT
+ *   exceeds the best alternative's by more than `affinityBreakMs`; then the best alternative
+ *   takes it (`affinity_break`). A KV break needs an alternative below the threshold: moving
+ *   between saturated replicas would only recompute the prefix. A pinned replica that is
+ *   ineligible, busy (while others are not) or gone also yields `affinity_break`.
+ * - Otherwise the reason is `prefix` when the chosen replica is predicted to hold ≥ 1 block of
+ *   the prompt, else `load`.
+ */
+export function choosePlacement(input: PlacementInput): Placement | undefined {
+  const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
+  const affinityBreakKv = input.affinityBreakKv ?? 0.85;
+  const affinityBreakMs = input.affinityBreakMs ?? 5000;
+  if (!(promptTokens >= 0)) throw new RangeError(`promptTokens should be ≥ 0, got ${promptTokens}`);
+  if (!Number.isInteger(blockSize) || blockSize < 1) {
+    throw new RangeError(`blockSize should be a positive integer, got ${blockSize}`);
+  }
+  if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
+  if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
+
+  let pool = candidates.filter((c) => c.eligible && !c.busy);
+  if (pool.length === 0) pool = candidates.filter((c) => c.eligible);
+  if (pool.length === 0) return undefined;
+
+  const scored: Scored[] = pool.map((candidate) => {
+    const blocks = usePrefix && candidate.index !== null ? candidate.index.matchBlocks(hashes) : 0;
+    const hitTokens = Math.min(blocks * blockSize, promptTokens);
+    const ttftMs = predictTtftMs({
+      uncachedPrefillTokens: promptTokens - hitTokens,
+      queuedPrefillTokens: candidate.queuedPrefillTokens,
+      inflightPrefillTokens: candidate.inflightPrefillTokens,
+      prefillTokensPerSecond: candidate.prefillTokensPerSecond,
+      kvUsage: candidate.kvUsage,
+    });
+    return { candidate, hitTokens, ttftMs };
+  });
+
+  const best = bestOf(scored)!;
+  if (pinned === undefined) return choice(best, best.hitTokens > 0 ? "prefix" : "load");
+
+  const home = scored.find((s) => s.candidate.id === pinned);
+  if (home === undefined) return choice(best, "affinity_break");
+  const alternative = bestOf(scored, home);
+  if (alternative === undefined) return choice(home, "pinned");
+  if (home.candidate.kvUsage >= affinityBreakKv) {
+    const unsaturated = bestOf(scored.filter((s) => s !== home && s.candidate.kvUsage < affinityBreakKv));
+    if (unsaturated !== undefined) return choice(unsaturated, "affinity_break");
+  }
+  if (home.ttftMs - alternative.ttftMs > affinityBreakMs) return choice(alternative, "affinity_break");
+  return choice(home, "pinned");
+}
