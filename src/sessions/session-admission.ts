@@ -134,6 +134,11 @@ export class SessionAdmission {
     this.fill();
   }
 
+  /** Whether the replica takes sessions it does not hold yet (healthy, fresh signals, granted). */
+  isAccepting(id: string): boolean {
+    return this.replicas.get(id)?.accepting ?? false;
+  }
+
   /** Whether the replica has room for one more session now. */
   hasRoom(id: string): boolean {
     const slots = this.replicas.get(id);
@@ -303,7 +308,7 @@ export class SessionAdmission {
       size: slots.size,
       active: slots.active.length,
       paused: slots.paused.length,
-      waiting: waiting + (this.queue.length > 0 ? this.queue.length : 0),
+      waiting: waiting + this.queue.length,
     };
   }
 

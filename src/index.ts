@@ -1,0 +1,40 @@
+/** @module The library API of sluice (SPEC 3): re-exports only. */
+
+export * from "./budget/index.js";
+export { type Cancel, type Clock, flushMicrotasks, RealClock, realClock, VirtualClock } from "./clock.js";
+export { ConfigError } from "./config/config-error.js";
+export { type GateLimits, resolveGateLimits } from "./config/gate-limits.js";
+export {
+  POLICIES,
+  type Policy,
+  resolveSchedulerConfig,
+  type SchedulerConfig,
+  type SchedulerConfigInput,
+} from "./config/scheduler-config.js";
+export * from "./engine.js";
+export * from "./errors.js";
+export * from "./gate/index.js";
+export { BlockHasher, blockHashes, blockHashesFrom, longestPrefixMatch } from "./routing/block-hash.js";
+export {
+  choosePlacement,
+  type Placement,
+  type PlacementCandidate,
+  type PlacementInput,
+} from "./routing/placement.js";
+export { PrefixIndex } from "./routing/prefix-index.js";
+export { type IdleCheck, Scheduler, type SchedulerOptions } from "./scheduler.js";
+export {
+  type AimdAction,
+  type AimdOptions,
+  AimdWindow,
+  DEFAULT_AIMD_OPTIONS,
+} from "./sessions/aimd-window.js";
+export {
+  SessionAdmission,
+  type SessionAdmissionOptions,
+  type SessionRecord,
+} from "./sessions/session-admission.js";
+export * from "./signals/index.js";
+export type { Tokenizer } from "./tokenizer.js";
+export { PromptTokenizer, type PromptTokenizerStats } from "./tokens/prompt-tokenizer.js";
+export type * from "./types.js";

@@ -1,0 +1,897 @@
+/**
+ * @module The scheduler: composes every layer in SPEC 2's order — tokenize and
+ * budget, classify, session admission, route, token budget and feasibility,
+ * gate, forward — and releases whatever it took on any refusal, cancel or
+ * engine failure. The benchmark's baselines run through this same code with
+ * layers switched off by policy.
+ */
+
+import { classifyLane } from "./budget/classify-lane.js";
+import { checkDeadline, predictTtftMs } from "./budget/feasibility.js";
+import { OverloadController } from "./budget/overload-stages.js";
+import type { Reservation } from "./budget/token-budget.js";
+import { type Cancel, type Clock, realClock } from "./clock.js";
+import {
+  LANE_DEFAULTS,
+  type Policy,
+  resolveSchedulerConfig,
+  type SchedulerConfig,
+  type SchedulerConfigInput,
+} from "./config/scheduler-config.js";
+import type { Engine, EngineResult, EngineStream } from "./engine.js";
+import { EngineError, Refusal } from "./errors.js";
+import type { BackendGate, Permit } from "./gate/backend-gate.js";
+import { GateRejection } from "./gate/gate-errors.js";
+import { blockHashesFrom } from "./routing/block-hash.js";
+import { choosePlacement, type Placement as PlacementDecision } from "./routing/placement.js";
+import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
+import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
+import { AimdWindow } from "./sessions/aimd-window.js";
+import { SessionAdmission, type SessionRecord } from "./sessions/session-admission.js";
+import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
+import type { Tokenizer } from "./tokenizer.js";
+import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
+import type {
+  AdminState,
+  AdmittedCall,
+  CallInput,
+  CallOutcome,
+  CallRequest,
+  Lane,
+  LaneClass,
+  OpenSessionInit,
+  ReplicaState,
+  SchedulerEvents,
+  SessionView,
+} from "./types.js";
+
+/** Context window assumed when neither the configuration nor the engine gives one, in tokens. */
+const FALLBACK_CONTEXT_WINDOW = 131_072;
+
+export interface SchedulerOptions {
+  engines: readonly Engine[];
+  clock?: Clock;
+  /** Overrides `config.policy`. */
+  policy?: Policy;
+  config?: SchedulerConfigInput;
+  /** Needed for chat and text prompts; token prompts need none. */
+  tokenizer?: Tokenizer;
+  events?: SchedulerEvents;
+  /** Decides window sizes when several frontends share a fleet; default: this frontend's own law. */
+  windowAuthority?: WindowAuthority;
+  /** Finds sessions other frontends opened, so a step lands on the replica holding its prefix. */
+  sessionDirectory?: SessionDirectory;
+}
+
+/** Per-session routing memory: the block hashes of the last prompt, so a growing prompt hashes only its new blocks. */
+interface SessionRouting {
+  hashes: string[];
+}
+
+/** Counts that must all be zero once the scheduler is idle (every session closed, every call ended). */
+export interface IdleCheck {
+  permits: number;
+  reservations: number;
+  windowSlots: number;
+  queued: number;
+}
+
+/**
+ * Admission scheduler over a fleet of engines. `submit()` resolves with an
+ * admitted call bound to a replica or rejects with a `Refusal`.
+ */
+export class Scheduler {
+  readonly config: SchedulerConfig;
+  readonly policy: Policy;
+  private readonly clock: Clock;
+  private readonly replicas: ReplicaRuntime[];
+  private readonly byId = new Map<string, ReplicaRuntime>();
+  private readonly promptTokenizer: PromptTokenizer | undefined;
+  private readonly tokenizer: Tokenizer | undefined;
+  private readonly listeners: SchedulerEvents[] = [];
+  private readonly admission: SessionAdmission;
+  private readonly overload: OverloadController | null;
+  private readonly rejections: Record<string, number> = {};
+  private readonly windowAuthority: WindowAuthority | undefined;
+  private readonly sessionDirectory: SessionDirectory | undefined;
+  /** Replica a session was pinned to by another frontend, for its first step here. */
+  private readonly pinHints = new Map<string, string>();
+  private roundRobin = 0;
+  private cancelTick: Cancel | undefined;
+  private running = false;
+  private accepting = true;
+
+  constructor(options: SchedulerOptions) {
+    if (options.engines.length === 0) throw new RangeError("a scheduler needs at least one engine, got 0");
+    this.config = resolveSchedulerConfig({
+      ...options.config,
+      ...(options.policy ? { policy: options.policy } : {}),
+    });
+    this.policy = this.config.policy;
+    this.clock = options.clock ?? realClock;
+    this.tokenizer = options.tokenizer;
+    this.windowAuthority = options.windowAuthority;
+    this.sessionDirectory = options.sessionDirectory;
+    this.promptTokenizer = options.tokenizer ? new PromptTokenizer(options.tokenizer) : undefined;
+    if (options.events) this.listeners.push(options.events);
+    for (const engine of options.engines) {
+      if (this.byId.has(engine.id))
+        throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
+      const replica = new ReplicaRuntime(engine, this.clock, this.config);
+      this.byId.set(engine.id, replica);
+    }
+    this.replicas = [...this.byId.values()];
+    this.admission = new SessionAdmission({
+      clock: this.clock,
+      queueLimit: this.config.sessions.queueLimit,
+      waitLimitMs: this.config.sessions.waitLimitMs,
+      idleTimeoutMs: this.config.sessions.idleTimeoutMs,
+      retryAfterSeconds: () => this.sessionRetryAfter(),
+      onEvent: (id, event, replica) => this.emit("session", { id, event, replica }),
+    });
+    for (const replica of this.replicas) {
+      this.admission.addReplica(replica.id, replica.window ? replica.window.size : null);
+    }
+    this.overload =
+      this.policy === "sluice"
+        ? new OverloadController({
+            clock: this.clock,
+            objectiveMs: this.config.overload.objectiveMs,
+            windowMs: this.config.overload.windowMs,
+            bulkPauseAfter: this.config.overload.bulkPauseAfter,
+            shedAfter: this.config.overload.shedAfter,
+            recoverAfter: this.config.overload.recoverAfter,
+            recoverFraction: this.config.overload.recoverFraction,
+            autoEvaluate: false,
+          })
+        : null;
+  }
+
+  /** Attaches more event listeners (metrics, NATS session events). */
+  addEvents(events: SchedulerEvents): void {
+    this.listeners.push(events);
+  }
+
+  /** Starts the control loop: signals, window law, idle expiry, overload windows — every control interval. */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.controlTick();
+    this.scheduleOverloadWindow();
+  }
+
+  /** Stops the control loops. Engines are not closed. */
+  async stop(): Promise<void> {
+    this.running = false;
+    this.cancelTick?.();
+    this.cancelTick = undefined;
+    this.cancelOverload?.();
+    this.cancelOverload = undefined;
+  }
+
+  /**
+   * Applies a window grant at once (a shared-window authority got one between
+   * control ticks). Ignored for policies without a window.
+   */
+  applyWindow(replicaId: string, size: number, accepting: boolean): void {
+    const replica = this.byId.get(replicaId);
+    if (!replica?.window) return;
+    this.admission.setWindow(replicaId, size, accepting);
+  }
+
+  /** This frontend's window occupancy of a replica (for a shared-window authority). */
+  windowCounts(replicaId: string): { size: number | null; active: number; paused: number; waiting: number } {
+    return this.admission.replicaCounts(replicaId);
+  }
+
+  /** Refuses every new call with 503 from now on (graceful shutdown); running calls go on. */
+  drain(): void {
+    this.accepting = false;
+  }
+
+  /** Models the fleet serves, first replica's first. */
+  models(): string[] {
+    const names = new Set<string>();
+    for (const replica of this.replicas) for (const model of replica.engine.models()) names.add(model);
+    return [...names];
+  }
+
+  /** Context window of a model in tokens: configured, else the smallest any replica reports. */
+  contextWindow(model?: string): number {
+    if (this.config.contextWindowTokens !== undefined) return this.config.contextWindowTokens;
+    let smallest = Number.POSITIVE_INFINITY;
+    for (const replica of this.replicas) {
+      const reported = replica.engine.contextWindow?.(model);
+      if (reported !== undefined && reported > 0) smallest = Math.min(smallest, reported);
+    }
+    return Number.isFinite(smallest) ? smallest : FALLBACK_CONTEXT_WINDOW;
+  }
+
+  /** Healthy replicas (readiness). */
+  readyReplicas(): number {
+    let ready = 0;
+    for (const replica of this.replicas) if (replica.healthy()) ready++;
+    return ready;
+  }
+
+  /** Every replica's gate, for the gate metrics. */
+  *gates(): Iterable<{ worker: string; gate: BackendGate }> {
+    for (const replica of this.replicas) if (replica.gate) yield { worker: replica.id, gate: replica.gate };
+  }
+
+  openSession(init: OpenSessionInit = {}): SessionView {
+    const id = init.id ?? this.newSessionId();
+    validateSessionId(id);
+    const session = this.admission.open(id, {
+      ...(init.lane ? { lane: init.lane } : {}),
+      ...(init.metadata ? { metadata: init.metadata } : {}),
+    });
+    return this.admission.view(session);
+  }
+
+  getSession(id: string): SessionView | undefined {
+    const session = this.admission.get(id);
+    return session ? this.admission.view(session) : undefined;
+  }
+
+  closeSession(id: string): boolean {
+    return this.admission.close(id);
+  }
+
+  /** Counts that are zero once every call ended and every session closed. */
+  idleCheck(): IdleCheck {
+    const check: IdleCheck = { permits: 0, reservations: 0, windowSlots: 0, queued: 0 };
+    for (const replica of this.replicas) {
+      const holdings = replica.holdings();
+      check.permits += holdings.permits;
+      check.reservations += holdings.reservations;
+      check.queued += holdings.queued;
+    }
+    const counts = this.admission.counts();
+    check.windowSlots = counts.active + counts.paused;
+    check.queued += counts.queuedSteps;
+    return check;
+  }
+
+  /** Everything an operator or the dashboard needs, as plain JSON. */
+  state(): AdminState {
+    const now = this.clock.now();
+    const counts = this.admission.counts();
+    return {
+      atMs: now,
+      policy: this.policy,
+      stage: this.overload?.stage ?? "normal",
+      models: this.models(),
+      replicas: this.replicas.map((replica) => this.replicaState(replica, now)),
+      sessions: {
+        total: counts.total,
+        waiting: counts.waiting,
+        active: counts.active,
+        paused: counts.paused,
+      },
+      rejections: { ...this.rejections },
+    };
+  }
+
+  /**
+   * Runs SPEC 2 steps 2–8 for one call. Resolves with the admitted call (iterate
+   * it for chunks) or rejects with a `Refusal`; a call whose signal aborts while
+   * it waits rejects with the signal's reason (an `AbortError`).
+   */
+  async submit(req: CallRequest): Promise<AdmittedCall> {
+    let lane: LaneClass | undefined;
+    try {
+      req.signal?.throwIfAborted();
+      if (!this.accepting) {
+        throw new Refusal("unavailable", "sluice is shutting down", { retryAfterSeconds: 1, scope: "fleet" });
+      }
+      const model = this.resolveModel(req.model);
+      const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
+      const session = req.sessionId === undefined ? undefined : await this.sessionFor(req.sessionId);
+      const tokens = this.tokenize(req.input);
+      const contextWindow = this.contextWindow(model);
+      if (tokens.length + maxTokens > contextWindow) {
+        throw new Refusal(
+          "context_limit",
+          `the prompt has ${tokens.length} tokens and max_tokens is ${maxTokens}: ${tokens.length + maxTokens} exceeds the context window of ${contextWindow}`,
+          {
+            limits: {
+              max_total_tokens: contextWindow,
+              max_input_tokens: Math.max(0, contextWindow - maxTokens),
+              max_output_tokens: Math.max(0, contextWindow - tokens.length),
+            },
+          },
+        );
+      }
+      lane = classifyLane(
+        {
+          inputTokens: tokens.length,
+          maxOutputTokens: maxTokens,
+          ...(req.declaredLane ? { declared: req.declaredLane } : {}),
+        },
+        {
+          interactiveMaxInputTokens: this.config.lanes.interactiveMaxInputTokens,
+          interactiveMaxOutputTokens: this.config.lanes.interactiveMaxOutputTokens,
+          bulkMaxTotalTokens: this.config.lanes.bulkMaxTotalTokens ?? contextWindow,
+        },
+      );
+      this.emit("arrival", { lane, inputTokens: tokens.length, maxTokens });
+      if (lane === "overflow") {
+        const bulkMax = this.config.lanes.bulkMaxTotalTokens ?? contextWindow;
+        throw new Refusal(
+          "overflow",
+          `input + max_tokens (${tokens.length + maxTokens}) exceeds the bulk limit of ${bulkMax}`,
+          {
+            lane,
+            limits: { max_total_tokens: bulkMax },
+          },
+        );
+      }
+      this.checkOverloadStage(lane, req.priority ?? 0);
+      return await this.admit(req, { model, tokens, maxTokens, lane, session });
+    } catch (error) {
+      if (error instanceof Refusal) {
+        const refusal = error.lane || !lane ? error : error.with({ lane });
+        this.rejections[refusal.reason] = (this.rejections[refusal.reason] ?? 0) + 1;
+        this.emit("refusal", { reason: refusal.reason, lane: refusal.lane ?? lane, status: refusal.status });
+        throw refusal;
+      }
+      throw error;
+    }
+  }
+
+  private async admit(
+    req: CallRequest,
+    call: {
+      model: string;
+      tokens: readonly number[];
+      maxTokens: number;
+      lane: Lane;
+      session: SessionRecord | undefined;
+    },
+  ): Promise<AdmittedCall> {
+    const startedAt = this.clock.now();
+    const { tokens, maxTokens, lane, session } = call;
+    const usesPrefix = this.policy === "sluice" || this.policy === "gate-prefix";
+    const hashes = usesPrefix ? this.hashesFor(session, tokens) : [];
+    let stepHeld = false;
+    let reservation: Reservation | null = null;
+    let permit: Permit | null = null;
+    let inflightPrefill = 0;
+    let replica: ReplicaRuntime | undefined;
+    const released = () => {
+      permit?.release();
+      reservation?.release();
+      if (replica) replica.inflightPrefillTokens -= inflightPrefill;
+      if (stepHeld && session) this.admission.endStep(session, { completed: false });
+    };
+    try {
+      const eligible = this.eligible(call.model);
+      if (eligible.length === 0) {
+        throw new Refusal("unavailable", "no healthy replica serves this model", {
+          retryAfterSeconds: 1,
+          scope: "fleet",
+        });
+      }
+      let decision: PlacementDecision;
+      if (session && this.policy === "sluice") {
+        if (
+          session.state === "waiting" &&
+          eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
+        ) {
+          // Fail closed: no replica has fresh signals (or a shared-window grant) to admit a new session on.
+          throw new Refusal(
+            "unavailable",
+            "no replica can take new sessions now (signals stale or unavailable)",
+            {
+              retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
+              scope: "fleet",
+            },
+          );
+        }
+        const hint = this.pinHints.get(session.id);
+        const pinned = await this.admission.acquireStep(
+          session,
+          (candidates) =>
+            hint !== undefined && candidates.includes(hint)
+              ? hint
+              : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica,
+          req.signal,
+        );
+        this.pinHints.delete(session.id);
+        stepHeld = true;
+        const movable = eligible.filter(
+          (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id),
+        );
+        decision =
+          this.place(tokens, hashes, pinned, movable) ??
+          ({
+            replica: pinned,
+            reason: "pinned",
+            predictedHitTokens: 0,
+            predictedTtftMs: 0,
+          } as PlacementDecision);
+        if (session.steps === 0 && decision.reason === "pinned") {
+          decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
+        }
+        if (decision.replica !== pinned) this.admission.rebind(session, decision.replica);
+      } else {
+        const placed = this.route(tokens, hashes, eligible);
+        if (!placed)
+          throw new Refusal("unavailable", "no replica can take the call", {
+            retryAfterSeconds: 1,
+            scope: "fleet",
+          });
+        decision = placed;
+        if (session) {
+          await this.admission.acquireStep(session, () => decision.replica, req.signal);
+          stepHeld = true;
+          this.admission.rebind(session, decision.replica);
+        }
+      }
+      replica = this.byId.get(decision.replica)!;
+      this.emit("route", {
+        replica: replica.id,
+        reason: decision.reason,
+        predictedHitTokens: decision.predictedHitTokens,
+        promptTokens: tokens.length,
+      });
+      const uncached = Math.max(0, tokens.length - decision.predictedHitTokens);
+      if (replica.budget) {
+        reservation = replica.budget.reserveOrRefuse(tokens.length + maxTokens, {
+          queued: true,
+          lane,
+          retryAfterSeconds: replica.drainSeconds(replica.running),
+        });
+      }
+      if (this.policy === "sluice") {
+        const laneConfig = this.config.lanes[lane];
+        const refusal = checkDeadline({
+          predictedTtftMs: predictTtftMs({
+            prefillTokensAhead: replica.queuedPrefillTokens + replica.inflightPrefillTokens,
+            ownPrefillTokens: uncached,
+            prefillTokensPerSecond: replica.prefillRate.rate(),
+          }),
+          deadlineMs: req.deadlineMs,
+          laneDeadlineMs: laneConfig.deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
+          lane,
+          retryAfterSeconds: replica.drainSeconds(replica.running),
+        });
+        if (refusal) throw refusal;
+      }
+      if (replica.gate) {
+        replica.queuedPrefillTokens += uncached;
+        try {
+          const rank = replica.chooseRank();
+          permit = await replica.gate.acquire({
+            ...(rank !== undefined ? { rank } : {}),
+            ...(this.policy === "sluice" ? { lane } : {}),
+            ...(req.signal ? { signal: req.signal } : {}),
+            prefillTokens: Math.max(1, uncached),
+          });
+        } catch (error) {
+          if (error instanceof GateRejection && error.scope === "worker") {
+            replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
+          }
+          throw error;
+        } finally {
+          replica.queuedPrefillTokens -= uncached;
+        }
+      }
+      reservation?.activate();
+      const admittedAt = this.clock.now();
+      const queueMs = admittedAt - startedAt;
+      if (lane === "interactive") this.overload?.recordQueueAge(queueMs);
+      this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
+      replica.inflightPrefillTokens += uncached;
+      inflightPrefill = uncached;
+      const abort = new AbortController();
+      const signal = req.signal ? AbortSignal.any([req.signal, abort.signal]) : abort.signal;
+      let stream: EngineStream;
+      try {
+        stream = await replica.engine.generate({
+          requestId: req.requestId,
+          model: call.model,
+          promptTokens: tokens,
+          maxTokens,
+          ...(permit?.rank !== undefined ? { rank: permit.rank } : {}),
+          endpoint: req.endpoint,
+          ...(req.body ? { body: req.body } : {}),
+          stream: req.stream,
+          signal,
+        });
+      } catch (error) {
+        if (error instanceof Refusal && error.reason === "worker_overloaded") {
+          // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
+          replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
+        }
+        if (error instanceof EngineError) {
+          throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
+            retryAfterSeconds: 1,
+            scope: "worker",
+            cause: error,
+          });
+        }
+        throw error;
+      }
+      replica.running++;
+      const holdings = this.holdings({
+        replica,
+        lane,
+        session,
+        tokens,
+        hashes,
+        permit,
+        reservation,
+        uncached,
+        admittedAt,
+      });
+      // From here the admitted call owns every hold.
+      permit = null;
+      reservation = null;
+      inflightPrefill = 0;
+      stepHeld = false;
+      return new AdmittedCallImpl({
+        requestId: req.requestId,
+        lane,
+        replica: replica.id,
+        queueMs,
+        inputTokens: tokens.length,
+        maxTokens,
+        sessionId: session?.id,
+        stream,
+        abort,
+        holdings,
+      });
+    } catch (error) {
+      released();
+      throw error;
+    }
+  }
+
+  private holdings(held: {
+    replica: ReplicaRuntime;
+    lane: Lane;
+    session: SessionRecord | undefined;
+    tokens: readonly number[];
+    hashes: string[];
+    permit: Permit | null;
+    reservation: Reservation | null;
+    uncached: number;
+    admittedAt: number;
+  }): CallHoldings {
+    const { replica, lane, session, permit, reservation } = held;
+    let firstTokenAt: number | undefined;
+    let inflight = held.uncached;
+    return {
+      firstToken: () => {
+        if (firstTokenAt !== undefined) return;
+        firstTokenAt = this.clock.now();
+        permit?.firstToken();
+        replica.inflightPrefillTokens -= inflight;
+        inflight = 0;
+        const ttftMs = firstTokenAt - held.admittedAt;
+        if (held.uncached > 0 && ttftMs > 0) replica.prefillRate.observe(held.uncached, ttftMs);
+        this.emit("firstToken", { lane, replica: replica.id, ttftMs });
+      },
+      finish: (outcome: CallOutcome, result: EngineResult | undefined, outputTokens: readonly number[]) => {
+        const endedAt = this.clock.now();
+        permit?.release();
+        reservation?.release();
+        replica.inflightPrefillTokens -= inflight;
+        inflight = 0;
+        replica.running--;
+        if (outcome === "ok") replica.recordCompletion();
+        const generated = result?.completionTokens ?? outputTokens.length;
+        if (outcome === "ok" && replica.index) {
+          const context = outputTokens.length > 0 ? [...held.tokens, ...outputTokens] : held.tokens;
+          const contextHashes = blockHashesFrom(held.hashes, context, this.config.blockSize);
+          replica.index.record(contextHashes);
+        }
+        if (session) {
+          this.admission.endStep(session, {
+            completed: outcome === "ok",
+            contextTokens: held.tokens.length + generated,
+          });
+        }
+        if (firstTokenAt !== undefined && generated >= 2) {
+          const meanGapMs = (endedAt - firstTokenAt) / (generated - 1);
+          this.emit("interToken", { lane, replica: replica.id, meanGapMs, tokens: generated });
+        }
+        this.emit("finished", { lane, replica: replica.id, outcome });
+      },
+    };
+  }
+
+  /** Placement for policies without a session window: round robin, least loaded, or prefix-aware. */
+  private route(
+    tokens: readonly number[],
+    hashes: string[],
+    eligible: ReplicaRuntime[],
+  ): PlacementDecision | undefined {
+    const now = this.clock.now();
+    const notBusy = eligible.filter((replica) => !replica.busy(now));
+    const pool = notBusy.length > 0 ? notBusy : eligible;
+    if (this.policy === "rr") {
+      const replica = pool[this.roundRobin++ % pool.length]!;
+      return { replica: replica.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
+    }
+    if (this.policy === "gate") {
+      let best = pool[0]!;
+      for (const replica of pool) if (load(replica) < load(best)) best = replica;
+      return { replica: best.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
+    }
+    return this.place(tokens, hashes, undefined, pool);
+  }
+
+  private place(
+    tokens: readonly number[],
+    hashes: readonly string[],
+    pinned: string | undefined,
+    candidates: readonly ReplicaRuntime[],
+  ): PlacementDecision | undefined {
+    const now = this.clock.now();
+    return choosePlacement({
+      promptTokens: tokens.length,
+      hashes,
+      ...(pinned !== undefined ? { pinned } : {}),
+      candidates: candidates.map((replica) => ({
+        id: replica.id,
+        index: replica.index,
+        queuedPrefillTokens: replica.queuedPrefillTokens,
+        inflightPrefillTokens: replica.inflightPrefillTokens,
+        prefillTokensPerSecond: replica.prefillRate.rate(),
+        kvUsage: replica.signals.kvUsage,
+        busy: replica.busy(now),
+        eligible: replica.healthy(),
+      })),
+      blockSize: this.config.blockSize,
+      affinityBreakKv: this.config.routing.affinityBreakKv,
+      affinityBreakMs: this.config.routing.affinityBreakMs,
+      usePrefix: this.policy === "sluice" || this.policy === "gate-prefix",
+    });
+  }
+
+  private replicasOf(ids: readonly string[], eligible: readonly ReplicaRuntime[]): ReplicaRuntime[] {
+    return eligible.filter((replica) => ids.includes(replica.id));
+  }
+
+  private eligible(model: string): ReplicaRuntime[] {
+    return this.replicas.filter((replica) => replica.healthy() && replica.engine.models().includes(model));
+  }
+
+  private resolveModel(model: string | undefined): string {
+    const models = this.models();
+    if (model === undefined || model === "") {
+      const first = models[0];
+      if (first === undefined)
+        throw new Refusal("unavailable", "no replica reports a model yet", { retryAfterSeconds: 1 });
+      return first;
+    }
+    if (!models.includes(model)) {
+      throw new Refusal(
+        "model_not_found",
+        `model "${model}" is not served here; served: ${models.join(", ")}`,
+        {
+          param: "model",
+        },
+      );
+    }
+    return model;
+  }
+
+  private async sessionFor(id: string): Promise<SessionRecord> {
+    validateSessionId(id);
+    const existing = this.admission.get(id);
+    if (existing && existing.state !== "closed") return existing;
+    if (this.sessionDirectory && !existing) {
+      const known = await this.sessionDirectory.lookup(id).catch(() => undefined);
+      if (known?.replica && this.byId.has(known.replica)) this.pinHints.set(id, known.replica);
+      const raced = this.admission.get(id);
+      if (raced && raced.state !== "closed") return raced;
+    }
+    return this.admission.open(id);
+  }
+
+  private tokenize(input: CallInput): readonly number[] {
+    if (input.kind === "tokens") return input.tokens;
+    if (!this.promptTokenizer) {
+      throw new Refusal("invalid_request", "this scheduler has no tokenizer; send token prompts", {
+        param: "messages",
+      });
+    }
+    return input.kind === "chat"
+      ? this.promptTokenizer.chat(input.messages)
+      : this.promptTokenizer.text(input.prompt);
+  }
+
+  private hashesFor(session: SessionRecord | undefined, tokens: readonly number[]): string[] {
+    const previous = (session?.routing as SessionRouting | undefined)?.hashes ?? [];
+    const hashes = blockHashesFrom(previous, tokens, this.config.blockSize);
+    if (session) session.routing = { hashes } satisfies SessionRouting;
+    return hashes;
+  }
+
+  private checkOverloadStage(lane: Lane, priority: number): void {
+    if (!this.overload) return;
+    const retryAfterSeconds = Math.ceil(this.config.overload.windowMs / 1000);
+    if (lane === "bulk" && !this.overload.admitsBulk()) {
+      throw new Refusal(
+        "queue_full",
+        "bulk work is paused while interactive calls miss their queue-age objective",
+        {
+          lane,
+          retryAfterSeconds,
+          scope: "lane",
+        },
+      );
+    }
+    if (lane === "interactive" && !this.overload.admitsInteractive(priority)) {
+      throw new Refusal("queue_full", "overloaded: low-priority interactive calls are shed", {
+        lane,
+        retryAfterSeconds,
+        scope: "lane",
+      });
+    }
+  }
+
+  private controlTick(): void {
+    if (!this.running) return;
+    const now = this.clock.now();
+    for (const replica of this.replicas) {
+      const signals = replica.refreshSignals();
+      const hitRate = replica.hitRate.observe({
+        hits: signals.prefixHitTokens,
+        queries: signals.prefixQueryTokens,
+      });
+      const stale = replica.stale(now);
+      const accepting = signals.healthy && (!stale || this.config.sessions.staleSignals === "open");
+      if (replica.window) {
+        const fresh = !stale && signals.healthy;
+        const signal = { kvUsage: signals.kvUsage, hitRate };
+        // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
+        if (fresh) replica.window.observe(signal);
+        if (this.windowAuthority) {
+          const counts = this.admission.replicaCounts(replica.id);
+          const grant = this.windowAuthority.decide({
+            replica: replica.id,
+            proposedSize: replica.window.size,
+            law: (current: number) =>
+              fresh
+                ? new AimdWindow({
+                    ...this.config.window,
+                    initial: clampWindow(current, this.config),
+                  }).observe(signal)
+                : current,
+            fresh,
+            accepting,
+            local: { active: counts.active, paused: counts.paused, waiting: this.admission.queuedSessions },
+          });
+          this.admission.setWindow(replica.id, grant.size, grant.accepting);
+        } else {
+          this.admission.setWindow(replica.id, replica.window.size, accepting);
+        }
+      } else {
+        this.admission.setWindow(replica.id, null, signals.healthy);
+      }
+    }
+    this.admission.sweep();
+    this.cancelTick = this.clock.setTimeout(() => this.controlTick(), this.config.sessions.controlIntervalMs);
+  }
+
+  private cancelOverload: Cancel | undefined;
+
+  private scheduleOverloadWindow(): void {
+    if (!this.overload || !this.running) return;
+    this.cancelOverload = this.clock.setTimeout(() => {
+      this.overload?.evaluateWindow();
+      this.scheduleOverloadWindow();
+    }, this.config.overload.windowMs);
+  }
+
+  private sessionRetryAfter(): number {
+    let best = Number.POSITIVE_INFINITY;
+    for (const replica of this.replicas) best = Math.min(best, replica.drainSeconds(replica.running));
+    return Number.isFinite(best) ? best : 1;
+  }
+
+  private replicaState(replica: ReplicaRuntime, now: number): ReplicaState {
+    const signals = replica.signals;
+    const gate = replica.gate;
+    const snapshot = gate?.snapshot();
+    const counts = this.admission.replicaCounts(replica.id);
+    const budget = replica.budget;
+    const laneState = (lane: Lane) => ({
+      queued: snapshot?.lanes?.[lane]?.queued ?? 0,
+      oldestAgeMs: snapshot?.lanes?.[lane]?.oldestAgeMs ?? 0,
+    });
+    return {
+      id: replica.id,
+      healthy: replica.healthy(),
+      busy: replica.busy(now),
+      signals: {
+        kvUsage: signals.kvUsage,
+        hitRate: replica.hitRate.value,
+        running: signals.running,
+        waiting: signals.waiting,
+        preemptions: signals.preemptions,
+        stale: replica.stale(now),
+        ageMs: Number.isFinite(signals.readAtMs) ? Math.max(0, now - signals.readAtMs) : -1,
+        kvCapacityTokens: signals.kvCapacityTokens,
+        maxNumSeqs: signals.maxNumSeqs,
+        dataParallelSize: signals.dataParallelSize,
+        prefillTokensPerSecond: replica.prefillRate.rate(),
+      },
+      window: { size: counts.size, active: counts.active, paused: counts.paused, waiting: counts.waiting },
+      gate: {
+        requests: snapshot?.requests ?? 0,
+        waiting: snapshot?.waiting ?? 0,
+        queued: snapshot?.queued ?? 0,
+        ranks: snapshot?.ranks ?? [],
+        unranked: snapshot?.unranked ?? { requests: 0, waiting: 0, queued: 0 },
+        limits: gate?.limits() ?? {
+          engineRequestLimit: 0,
+          engineRequestWaitingLimit: 0,
+          requestQueueLimit: 0,
+        },
+        counters: gate?.counters() ?? {
+          received: 0,
+          admittedDirect: 0,
+          admittedQueue: 0,
+          rejected: 0,
+          cancelled: 0,
+        },
+      },
+      budget: {
+        ceilingTokens: budget?.ceiling ?? 0,
+        reservedTokens: budget ? budget.reservedActive + budget.reservedQueued : 0,
+        availableTokens: budget?.available() ?? 0,
+        guardTokens: budget?.guardTokens ?? 0,
+      },
+      lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
+      queuedPrefillTokens: replica.queuedPrefillTokens,
+      inflightPrefillTokens: replica.inflightPrefillTokens,
+    };
+  }
+
+  private emit<K extends keyof SchedulerEvents>(
+    name: K,
+    event: Parameters<NonNullable<SchedulerEvents[K]>>[0],
+  ): void {
+    for (const listener of this.listeners) {
+      const handler = listener[name] as ((e: typeof event) => void) | undefined;
+      if (!handler) continue;
+      try {
+        handler.call(listener, event);
+      } catch {
+        // A listener's failure must never reach the request path.
+      }
+    }
+  }
+
+  private newSessionId(): string {
+    return `sess-${globalThis.crypto.randomUUID()}`;
+  }
+}
+
+function clampWindow(size: number, config: SchedulerConfig): number {
+  return Math.min(config.window.max, Math.max(config.window.min, Math.round(size)));
+}
+
+function load(replica: ReplicaRuntime): number {
+  const snapshot = replica.gate?.snapshot();
+  return snapshot ? snapshot.requests + snapshot.queued : replica.running;
+}
+
+/** Session ids are opaque but bounded: printable ASCII, 1–256 characters. */
+export function validateSessionId(id: string): void {
+  if (typeof id !== "string" || id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
+    throw new Refusal(
+      "invalid_request",
+      "a session id must be 1–256 printable ASCII characters without spaces",
+      {
+        param: "session_id",
+      },
+    );
+  }
+}

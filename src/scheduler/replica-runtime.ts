@@ -1,0 +1,194 @@
+/** @module Everything the scheduler keeps per replica: its gate, budget, window, prefix index and signals. */
+
+import { TokenBudget } from "../budget/token-budget.js";
+import type { Clock } from "../clock.js";
+import { resolveGateLimits } from "../config/gate-limits.js";
+import type { SchedulerConfig } from "../config/scheduler-config.js";
+import { LANE_DEFAULTS } from "../config/scheduler-config.js";
+import type { Engine, EngineSignals } from "../engine.js";
+import { BackendGate } from "../gate/backend-gate.js";
+import { DrainEstimator } from "../gate/drain-estimator.js";
+import { PrefixIndex } from "../routing/prefix-index.js";
+import { AimdWindow } from "../sessions/aimd-window.js";
+import { HitRateMeter } from "../signals/hit-rate.js";
+import { PrefillRateEstimator } from "../signals/prefill-rate.js";
+import { isStale } from "../signals/staleness.js";
+
+/** KV capacity assumed for the prefix index before an engine reports its own, in tokens. */
+const FALLBACK_KV_TOKENS = 1_000_000;
+
+/** Per-replica state of the scheduler. Mechanics only: decisions live in the pure modules it holds. */
+export class ReplicaRuntime {
+  readonly id: string;
+  readonly engine: Engine;
+  readonly gate: BackendGate | null;
+  readonly budget: TokenBudget | null;
+  readonly window: AimdWindow | null;
+  readonly index: PrefixIndex | null;
+  readonly hitRate = new HitRateMeter();
+  readonly prefillRate: PrefillRateEstimator;
+  /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
+  busyUntil = Number.NEGATIVE_INFINITY;
+  /** Uncached prompt tokens of calls waiting in the gate queue. */
+  queuedPrefillTokens = 0;
+  /** Uncached prompt tokens of admitted calls that have no first token yet. */
+  inflightPrefillTokens = 0;
+  /** Calls forwarded to the engine and not yet ended. */
+  running = 0;
+  /** Completion rate, for the drain estimate behind Retry-After. */
+  private readonly completions: DrainEstimator;
+  private signalsSeen: EngineSignals;
+  private reportedMaxNumSeqs = 0;
+
+  constructor(
+    engine: Engine,
+    clock: Clock,
+    private readonly config: SchedulerConfig,
+  ) {
+    this.id = engine.id;
+    this.engine = engine;
+    this.signalsSeen = engine.signals();
+    this.completions = new DrainEstimator({ clock });
+    const policy = config.policy;
+    const usesGate = policy !== "rr";
+    const signals = this.signalsSeen;
+    this.prefillRate = new PrefillRateEstimator({
+      priorTokensPerSecond:
+        signals.prefillTokensPerSecond && signals.prefillTokensPerSecond > 0
+          ? signals.prefillTokensPerSecond
+          : 10_000,
+    });
+    if (usesGate) {
+      const limits = this.gateLimits(signals.maxNumSeqs);
+      this.reportedMaxNumSeqs = signals.maxNumSeqs;
+      const lanes = policy === "sluice" ? this.laneOptions() : undefined;
+      this.gate = new BackendGate({
+        ...limits,
+        ...(signals.dataParallelSize > 1 ? { ranks: signals.dataParallelSize } : {}),
+        ...(lanes ? { lanes } : {}),
+        clock,
+        overloadStatus: config.gate.overloadStatus,
+      });
+    } else {
+      this.gate = null;
+    }
+    this.budget =
+      policy === "sluice"
+        ? new TokenBudget({
+            ceilingTokens:
+              config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
+            guardBandFraction: config.budget.guardBandFraction,
+          })
+        : null;
+    this.window = policy === "sluice" ? new AimdWindow({ ...config.window }) : null;
+    this.index =
+      policy === "sluice" || policy === "gate-prefix"
+        ? new PrefixIndex(
+            Math.max(1, Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize)),
+          )
+        : null;
+  }
+
+  /** The latest signals the engine reported. */
+  get signals(): EngineSignals {
+    return this.signalsSeen;
+  }
+
+  /** Whether the signals are older than the staleness limit. */
+  stale(now: number): boolean {
+    return isStale(this.signalsSeen.readAtMs, now, this.config.sessions.staleAfterMs);
+  }
+
+  healthy(): boolean {
+    return this.signalsSeen.healthy;
+  }
+
+  busy(now: number): boolean {
+    return now < this.busyUntil;
+  }
+
+  /** Reads fresh signals and lets gate limits, ranks, budget ceiling and index size follow the engine. */
+  refreshSignals(): EngineSignals {
+    const signals = this.engine.signals();
+    this.signalsSeen = signals;
+    if (this.gate) {
+      if (signals.maxNumSeqs > 0 && signals.maxNumSeqs !== this.reportedMaxNumSeqs) {
+        this.reportedMaxNumSeqs = signals.maxNumSeqs;
+        this.gate.setLimits(this.gateLimits(signals.maxNumSeqs));
+      }
+      if (signals.dataParallelSize > 1 && this.gate.snapshot().ranks.length !== signals.dataParallelSize) {
+        this.gate.setRanks(signals.dataParallelSize);
+      }
+    }
+    if (this.budget && this.config.budget.ceilingTokens === undefined && signals.kvCapacityTokens > 0) {
+      if (this.budget.ceiling !== signals.kvCapacityTokens) this.budget.setCeiling(signals.kvCapacityTokens);
+    }
+    if (this.index && signals.kvCapacityTokens > 0) {
+      const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
+      if (blocks !== this.index.capacity) this.index.resize(blocks);
+    }
+    return signals;
+  }
+
+  /** Picks the data-parallel rank with the least work, or undefined for a single-rank engine. */
+  chooseRank(): number | undefined {
+    if (!this.gate) return undefined;
+    const ranks = this.gate.snapshot().ranks;
+    if (ranks.length <= 1) return undefined;
+    let best = ranks[0]!;
+    for (const rank of ranks) {
+      if (rank.requests + rank.queued < best.requests + best.queued) best = rank;
+    }
+    return best.rank;
+  }
+
+  /** Records a completed call, for the drain-rate estimate. */
+  recordCompletion(): void {
+    this.completions.record();
+  }
+
+  /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */
+  drainSeconds(ahead: number): number {
+    return this.completions.retryAfterSeconds(ahead + 1);
+  }
+
+  /** Current occupancy counters for leak checks. */
+  holdings(): { permits: number; queued: number; reservations: number } {
+    const snapshot = this.gate?.snapshot();
+    return {
+      permits: snapshot ? snapshot.requests + snapshot.waiting : 0,
+      queued: snapshot ? snapshot.queued : 0,
+      reservations: this.budget?.outstanding ?? 0,
+    };
+  }
+
+  private gateLimits(maxNumSeqs: number) {
+    const flag = (value: number | undefined) => (value === undefined ? undefined : String(value));
+    return resolveGateLimits({
+      flags: {
+        engineRequestLimit: flag(this.config.gate.engineRequestLimit),
+        engineRequestWaitingLimit: flag(this.config.gate.engineRequestWaitingLimit),
+        requestQueueLimit: flag(this.config.gate.requestQueueLimit),
+      },
+      env: {},
+      ...(maxNumSeqs > 0 ? { engine: { maxNumSeqs } } : {}),
+    });
+  }
+
+  private laneOptions() {
+    const lanes = this.config.lanes;
+    return {
+      interactive: {
+        ...(lanes.interactive.queueLimit !== undefined ? { queueLimit: lanes.interactive.queueLimit } : {}),
+        maxResidenceMs: lanes.interactive.maxResidenceMs ?? LANE_DEFAULTS.interactive.maxResidenceMs,
+      },
+      bulk: {
+        ...(lanes.bulk.queueLimit !== undefined ? { queueLimit: lanes.bulk.queueLimit } : {}),
+        maxResidenceMs: lanes.bulk.maxResidenceMs ?? LANE_DEFAULTS.bulk.maxResidenceMs,
+      },
+      bulkFloorShare: lanes.bulkFloorShare,
+      bulkMaxShare: lanes.bulkMaxShare,
+      shareWindowMs: lanes.shareWindowMs,
+    };
+  }
+}
