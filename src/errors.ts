@@ -106,18 +106,22 @@ export class Refusal extends Error {
       : undefined;
   }
 
-  /** The same refusal with other fields (status, lane, Retry-After) filled in by an outer layer. */
-  with(init: RefusalInit): Refusal {
-    return new Refusal(this.reason, this.message, {
-      status: init.status ?? this.status,
-      scope: init.scope ?? this.scope,
-      rank: init.rank ?? this.rank,
-      lane: init.lane ?? this.lane,
-      retryAfterSeconds: init.retryAfterSeconds ?? this.retryAfterSeconds,
-      limits: init.limits ?? this.limits,
-      param: init.param ?? this.param,
-      cause: init.cause ?? this.cause,
-    });
+  /**
+   * The same refusal (same class: a `GateRejection` stays one) with fields an
+   * outer layer knows filled in (lane, status, Retry-After).
+   */
+  with(init: RefusalInit): this {
+    const copy = Object.create(Object.getPrototypeOf(this), Object.getOwnPropertyDescriptors(this)) as this;
+    const fields = copy as unknown as Record<string, unknown>;
+    for (const key of ["status", "scope", "rank", "lane", "limits", "param"] as const) {
+      if (init[key] !== undefined) fields[key] = init[key];
+    }
+    if (init.retryAfterSeconds !== undefined || init.status !== undefined) {
+      fields.retryAfterSeconds = isRetryableStatus(copy.status)
+        ? wholeSecondsAtLeastOne(init.retryAfterSeconds ?? this.retryAfterSeconds ?? 1)
+        : undefined;
+    }
+    return copy;
   }
 
   /** The OpenAI error `type` for this refusal. */

@@ -13,6 +13,7 @@ interface AgentsRun {
   refusals: number;
   idle: ReturnType<Scheduler["idleCheck"]>;
   maxActive: number;
+  rejections: Record<string, number>;
 }
 
 /** A seeded generator, so every policy sees the same workload. */
@@ -99,6 +100,7 @@ async function runAgents(policy: Policy, sessions: number, steps: number): Promi
     completedSteps,
     refusals,
     idle: scheduler.idleCheck(),
+    rejections: scheduler.state().rejections,
     maxActive,
   };
 }

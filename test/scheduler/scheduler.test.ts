@@ -1,0 +1,355 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { SimEngine } from "../../adapters/engines/sim/sim-engine.js";
+import { VirtualClock } from "../../src/clock.js";
+import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../src/engine.js";
+import { Refusal } from "../../src/errors.js";
+import { GateRejection } from "../../src/gate/gate-errors.js";
+import { Scheduler } from "../../src/scheduler.js";
+import type { AdmittedCall, CallRequest, SchedulerEvents } from "../../src/types.js";
+
+/** A real simulated replica whose reported signals a test can bend (stale, saturated). */
+class BentSignals implements Engine {
+  readonly id: string;
+  bend: (signals: EngineSignals) => EngineSignals = (signals) => signals;
+  constructor(readonly inner: SimEngine) {
+    this.id = inner.id;
+  }
+  models(): readonly string[] {
+    return this.inner.models();
+  }
+  generate(call: EngineCall): Promise<EngineStream> {
+    return this.inner.generate(call);
+  }
+  signals(): EngineSignals {
+    return this.bend(this.inner.signals());
+  }
+  contextWindow(): number | undefined {
+    return 131_072;
+  }
+}
+
+function fleet(replicas: number, config: SchedulerConfigInput = {}, events?: SchedulerEvents) {
+  const clock = new VirtualClock();
+  const engines = Array.from(
+    { length: replicas },
+    (_, i) => new BentSignals(new SimEngine({ id: `r${i + 1}`, clock, preset: "h100-llama3-8b" })),
+  );
+  const scheduler = new Scheduler({ engines, clock, config, ...(events ? { events } : {}) });
+  scheduler.start();
+  return { clock, engines, scheduler };
+}
+
+function tokens(n: number, offset = 0): number[] {
+  return Array.from({ length: n }, (_, i) => offset + i);
+}
+
+function request(overrides: Partial<CallRequest> = {}): CallRequest {
+  return {
+    requestId: `req-${Math.random().toString(36).slice(2)}`,
+    endpoint: "chat",
+    input: { kind: "tokens", tokens: tokens(500) },
+    maxTokens: 50,
+    stream: true,
+    ...overrides,
+  };
+}
+
+async function drain(call: AdmittedCall): Promise<number> {
+  let count = 0;
+  for await (const chunk of call) count += chunk.tokenCount;
+  return count;
+}
+
+/** Runs the virtual clock until `promise` settles. */
+async function run<T>(clock: VirtualClock, promise: Promise<T>): Promise<T> {
+  let settled = false;
+  const tracked = promise.finally(() => {
+    settled = true;
+  });
+  tracked.catch(() => undefined);
+  await clock.runAsyncUntil(() => settled, 10_000_000);
+  return tracked;
+}
+
+function assertIdle(scheduler: Scheduler): void {
+  assert.deepEqual(scheduler.idleCheck(), { permits: 0, reservations: 0, windowSlots: 0, queued: 0 });
+}
+
+function refusalWith(reason: string, status: number) {
+  return (error: unknown) => {
+    assert.ok(error instanceof Refusal, `expected a Refusal, got ${String(error)}`);
+    assert.equal(error.reason, reason);
+    assert.equal(error.status, status);
+    if ([429, 503, 529].includes(status)) assert.ok((error.retryAfterSeconds ?? 0) >= 1);
+    return true;
+  };
+}
+
+describe("scheduler request path", () => {
+  it("runs a call end to end and releases everything", async () => {
+    const { clock, scheduler } = fleet(1);
+    const call = await run(clock, scheduler.submit(request()));
+    assert.equal(call.replica, "r1");
+    assert.equal(call.lane, "interactive");
+    assert.equal(await run(clock, drain(call)), 50);
+    const result = await call.result;
+    assert.equal(result.completionTokens, 50);
+    assertIdle(scheduler);
+    await scheduler.stop();
+  });
+
+  it("refuses a call over the context window with 413 context_limit and its limits", async () => {
+    const { clock, scheduler } = fleet(1);
+    await assert.rejects(
+      run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(131_000) }, maxTokens: 2000 })),
+      ),
+      (error: unknown) => {
+        assert.ok(refusalWith("context_limit", 413)(error));
+        assert.equal((error as Refusal).limits?.max_total_tokens, 131_072);
+        assert.equal((error as Refusal).retryAfterSeconds, undefined);
+        return true;
+      },
+    );
+    assertIdle(scheduler);
+  });
+
+  it("refuses beyond the bulk limit with 413 overflow, and an unknown model with 404", async () => {
+    const { clock, scheduler } = fleet(1, { lanes: { bulkMaxTotalTokens: 10_000 } });
+    await assert.rejects(
+      run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(9_990) }, maxTokens: 100 })),
+      ),
+      refusalWith("overflow", 413),
+    );
+    await assert.rejects(
+      run(clock, scheduler.submit(request({ model: "nope" }))),
+      refusalWith("model_not_found", 404),
+    );
+    assert.deepEqual(scheduler.state().rejections, { overflow: 1, model_not_found: 1 });
+    assertIdle(scheduler);
+  });
+
+  it("classifies lanes by size, whatever the client declares", async () => {
+    const { clock, scheduler } = fleet(1);
+    const big = await run(
+      clock,
+      scheduler.submit(
+        request({ input: { kind: "tokens", tokens: tokens(5000) }, declaredLane: "interactive" }),
+      ),
+    );
+    assert.equal(big.lane, "bulk");
+    await run(clock, drain(big));
+    const declared = await run(clock, scheduler.submit(request({ declaredLane: "bulk" })));
+    assert.equal(declared.lane, "bulk");
+    await run(clock, drain(declared));
+    assertIdle(scheduler);
+  });
+
+  it("refuses what the token budget cannot hold now with 429 token_budget_exhausted", async () => {
+    const { clock, scheduler } = fleet(1, { budget: { ceilingTokens: 10_000 } });
+    const first = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) } })),
+    );
+    await assert.rejects(
+      run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(4000, 7) } }))),
+      refusalWith("token_budget_exhausted", 429),
+    );
+    await assert.rejects(
+      run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(9500, 3) } }))),
+      refusalWith("context_limit", 413),
+    );
+    await run(clock, drain(first));
+    assertIdle(scheduler);
+  });
+
+  it("refuses a call whose predicted first token misses its deadline with 429 deadline_infeasible", async () => {
+    const { clock, scheduler } = fleet(1);
+    await assert.rejects(
+      run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(60_000) }, deadlineMs: 50 })),
+      ),
+      refusalWith("deadline_infeasible", 429),
+    );
+    const fits = await run(clock, scheduler.submit(request({ deadlineMs: 5_000 })));
+    await run(clock, drain(fits));
+    assertIdle(scheduler);
+  });
+
+  it("answers a full gate with 529 worker_overloaded and marks the replica busy", async () => {
+    const { clock, scheduler } = fleet(2, {
+      policy: "gate",
+      gate: { engineRequestLimit: 1, engineRequestWaitingLimit: 1, requestQueueLimit: 0 },
+    });
+    const a = await run(clock, scheduler.submit(request()));
+    const b = await run(clock, scheduler.submit(request()));
+    assert.notEqual(a.replica, b.replica);
+    await assert.rejects(run(clock, scheduler.submit(request())), (error: unknown) => {
+      assert.ok(error instanceof GateRejection);
+      assert.equal(error.status, 529);
+      assert.equal(error.scope, "worker");
+      return true;
+    });
+    assert.equal(scheduler.state().replicas.filter((replica) => replica.busy).length, 1);
+    await run(clock, Promise.all([drain(a), drain(b)]));
+    assertIdle(scheduler);
+  });
+
+  it("releases everything when a call is cancelled while queued, before its first token and mid-stream", async () => {
+    const { clock, scheduler } = fleet(1, {
+      gate: { engineRequestLimit: 1, engineRequestWaitingLimit: 1, requestQueueLimit: 4 },
+    });
+    const running = await run(clock, scheduler.submit(request({ maxTokens: 400 })));
+    const controller = new AbortController();
+    const queued = scheduler.submit(request({ signal: controller.signal }));
+    await clock.advanceAsync(1);
+    assert.equal(scheduler.state().replicas[0]!.gate.queued, 1);
+    controller.abort(new DOMException("client left", "AbortError"));
+    await assert.rejects(queued, { name: "AbortError" });
+    // Mid-stream: read one chunk, then stop reading.
+    const iterator = running[Symbol.asyncIterator]();
+    await run(clock, iterator.next());
+    await iterator.return?.();
+    await clock.advanceAsync(10);
+    assertIdle(scheduler);
+    // Cancel before the first token.
+    const early = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(20_000) } })),
+    );
+    early.cancel();
+    await clock.advanceAsync(10);
+    assertIdle(scheduler);
+    const counters = scheduler.state().replicas[0]!.gate.counters;
+    assert.equal(
+      counters.received,
+      counters.admittedDirect + counters.admittedQueue + counters.rejected + counters.cancelled,
+    );
+    await scheduler.stop();
+  });
+
+  it("pins a session's steps to one replica and reports it", async () => {
+    const routes: string[] = [];
+    const { clock, scheduler } = fleet(3, {}, { route: (e) => routes.push(`${e.replica}:${e.reason}`) });
+    let context = tokens(3000);
+    const replicas = new Set<string>();
+    for (let step = 0; step < 4; step++) {
+      const call = await run(
+        clock,
+        scheduler.submit(request({ sessionId: "s1", input: { kind: "tokens", tokens: context } })),
+      );
+      replicas.add(call.replica);
+      await run(clock, drain(call));
+      context = [...context, ...tokens(700, 50_000 + step * 1000)];
+    }
+    assert.equal(replicas.size, 1);
+    assert.deepEqual(
+      routes.slice(1).map((route) => route.split(":")[1]),
+      ["pinned", "pinned", "pinned"],
+    );
+    const view = scheduler.getSession("s1");
+    assert.equal(view?.state, "active");
+    assert.equal(view?.steps, 4);
+    assert.ok(scheduler.closeSession("s1"));
+    assert.equal(scheduler.getSession("s1")?.state, "closed");
+    assertIdle(scheduler);
+  });
+
+  it("lets a session go when its pinned replica's KV usage reaches the affinity break", async () => {
+    const routes: string[] = [];
+    const { clock, scheduler, engines } = fleet(
+      2,
+      {},
+      { route: (e) => routes.push(`${e.replica}:${e.reason}`) },
+    );
+    const first = await run(clock, scheduler.submit(request({ sessionId: "s1" })));
+    await run(clock, drain(first));
+    const pinned = engines.find((engine) => engine.id === first.replica)!;
+    pinned.bend = (signals) => ({ ...signals, kvUsage: 0.9 });
+    await clock.advanceAsync(2_000); // one control tick reads the bent signals
+    const second = await run(clock, scheduler.submit(request({ sessionId: "s1" })));
+    assert.notEqual(second.replica, first.replica);
+    assert.equal(routes.at(-1), `${second.replica}:affinity_break`);
+    await run(clock, drain(second));
+    assert.equal(scheduler.getSession("s1")?.replica, second.replica);
+    scheduler.closeSession("s1");
+    assertIdle(scheduler);
+  });
+
+  it("fails closed on stale signals for new sessions while active ones continue", async () => {
+    const { clock, scheduler, engines } = fleet(1);
+    const active = await run(clock, scheduler.submit(request({ sessionId: "old" })));
+    await run(clock, drain(active));
+    const engine = engines[0]!;
+    engine.bend = (signals) => ({ ...signals, readAtMs: clock.now() - 60_000 });
+    await clock.advanceAsync(2_000);
+    await assert.rejects(
+      run(clock, scheduler.submit(request({ sessionId: "new" }))),
+      refusalWith("unavailable", 503),
+    );
+    const again = await run(clock, scheduler.submit(request({ sessionId: "old" })));
+    await run(clock, drain(again));
+    // One-off calls skip session admission; the gate still bounds them.
+    const oneOff = await run(clock, scheduler.submit(request()));
+    await run(clock, drain(oneOff));
+    scheduler.closeSession("old");
+    scheduler.closeSession("new");
+    assertIdle(scheduler);
+  });
+
+  it("with --stale-signals open admits new sessions on stale signals", async () => {
+    const { clock, scheduler, engines } = fleet(1, { sessions: { staleSignals: "open" } });
+    engines[0]!.bend = (signals) => ({ ...signals, readAtMs: clock.now() - 60_000 });
+    await clock.advanceAsync(2_000);
+    const call = await run(clock, scheduler.submit(request({ sessionId: "new" })));
+    await run(clock, drain(call));
+    scheduler.closeSession("new");
+    assertIdle(scheduler);
+  });
+
+  it("refuses sessions beyond a full window and session queue with 429 session_queue_full", async () => {
+    const { clock, scheduler } = fleet(1, { window: { initial: 1, max: 1 }, sessions: { queueLimit: 0 } });
+    const a = await run(clock, scheduler.submit(request({ sessionId: "a" })));
+    await run(clock, drain(a));
+    await assert.rejects(
+      run(clock, scheduler.submit(request({ sessionId: "b" }))),
+      refusalWith("session_queue_full", 429),
+    );
+    scheduler.closeSession("a");
+    const b = await run(clock, scheduler.submit(request({ sessionId: "b" })));
+    await run(clock, drain(b));
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
+  it("makes a waiting session's step wait for a slot and time out with 429 queue_timeout", async () => {
+    const { clock, scheduler } = fleet(1, {
+      window: { initial: 1, max: 1 },
+      sessions: { waitLimitMs: 30_000 },
+    });
+    const a = await run(clock, scheduler.submit(request({ sessionId: "a" })));
+    await run(clock, drain(a));
+    const waiting = scheduler.submit(request({ sessionId: "b" }));
+    waiting.catch(() => undefined);
+    await clock.advanceAsync(10_000);
+    assert.equal(scheduler.getSession("b")?.state, "waiting");
+    await clock.advanceAsync(20_001);
+    await assert.rejects(waiting, refusalWith("queue_timeout", 429));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
+  it("refuses every new call with 503 once draining", async () => {
+    const { clock, scheduler } = fleet(1);
+    scheduler.drain();
+    await assert.rejects(run(clock, scheduler.submit(request())), refusalWith("unavailable", 503));
+    assertIdle(scheduler);
+  });
+});
