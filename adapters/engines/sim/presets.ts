@@ -1,0 +1,235 @@
+/** @module Step-time model and presets of the simulated replica (SPEC 13.1). */
+
+/** Names of the built-in presets. */
+export type PresetName =
+  | "h100-llama3-8b"
+  | "h100x2-qwen3-32b"
+  | "h100x4-llama3-70b"
+  | "h100x8-llama3-70b"
+  | "instant";
+
+/** Every number that shapes a simulated replica; one data-parallel rank unless noted. */
+export interface SimParams {
+  /** Fixed cost of one engine step, ms. */
+  c0: number;
+  /** Linear-layer cost per uncached prefill token, ms. */
+  cPrefill: number;
+  /** Linear-layer cost per decode sequence, ms. */
+  cDec: number;
+  /** Attention cost per context token of a decode sequence (KV read), ms. */
+  cKv: number;
+  /** Prefill attention cost per (new token, attended token) pair, ms. */
+  cPfattn: number;
+  /** Tokens the linear layers process for the price of none (`floor_credit = cPrefill · floorCreditTokens`). */
+  floorCreditTokens: number;
+  /** KV cache capacity per rank, tokens; the rank has `floor(kvCapacityTokens / blockSize)` blocks. */
+  kvCapacityTokens: number;
+  /** KV block size, tokens. */
+  blockSize: number;
+  /** Most calls running at once per rank (vLLM `max_num_seqs`). */
+  maxNumSeqs: number;
+  /** Most tokens computed in one step per rank (vLLM `max_num_batched_tokens`; chunked prefill). */
+  maxNumBatchedTokens: number;
+  /** Longest prompt + output a call may have, tokens (capped at the KV capacity). */
+  maxModelLen: number;
+  /**
+   * When true every call completes at once, with no batching, queueing or step
+   * time; tokens, prefix-cache hits and KV blocks are still counted. For
+   * measuring the overhead of everything in front of the engine.
+   */
+  instant: boolean;
+}
+
+/** Any subset of {@link SimParams}, applied on top of a preset. */
+export type PresetOverrides = Partial<SimParams> & { base?: PresetName };
+
+const DEFAULTS = {
+  floorCreditTokens: 128,
+  blockSize: 16,
+  maxNumSeqs: 256,
+  maxNumBatchedTokens: 8192,
+  instant: false,
+} as const;
+
+/**
+ * The presets of SPEC 13.1 (BF16, H100 SXM, gpu_memory_utilization 0.9).
+ * `instant` keeps the 8B preset's KV size so prefix-cache counts stay meaningful.
+ */
+export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
+  "h100-llama3-8b": {
+    ...DEFAULTS,
+    c0: 7.0,
+    cPrefill: 0.022,
+    cDec: 0.015,
+    cKv: 4.9e-5,
+    cPfattn: 1.3e-6,
+    kvCapacityTokens: 439_000,
+    maxModelLen: 131_072,
+  },
+  "h100x2-qwen3-32b": {
+    ...DEFAULTS,
+    c0: 15,
+    cPrefill: 0.053,
+    cDec: 0.02,
+    cKv: 4.9e-5,
+    cPfattn: 2.6e-6,
+    kvCapacityTokens: 307_000,
+    maxModelLen: 40_960,
+  },
+  "h100x4-llama3-70b": {
+    ...DEFAULTS,
+    c0: 18,
+    cPrefill: 0.066,
+    cDec: 0.025,
+    cKv: 3.1e-5,
+    cPfattn: 1.6e-6,
+    kvCapacityTokens: 461_000,
+    maxModelLen: 131_072,
+  },
+  "h100x8-llama3-70b": {
+    ...DEFAULTS,
+    c0: 12,
+    cPrefill: 0.0405,
+    cDec: 0.02,
+    cKv: 1.5e-5,
+    cPfattn: 8.2e-7,
+    kvCapacityTokens: 1_350_000,
+    maxModelLen: 131_072,
+  },
+  instant: {
+    ...DEFAULTS,
+    c0: 0,
+    cPrefill: 0,
+    cDec: 0,
+    cKv: 0,
+    cPfattn: 0,
+    kvCapacityTokens: 439_000,
+    maxModelLen: 131_072,
+    instant: true,
+  },
+};
+
+/** The preset used when none is named. */
+export const DEFAULT_PRESET: PresetName = "h100-llama3-8b";
+
+/** Default model name per preset (what `/v1/models` lists unless `model` is given). */
+export const PRESET_MODELS: Readonly<Record<PresetName, string>> = {
+  "h100-llama3-8b": "meta-llama/Llama-3.1-8B-Instruct",
+  "h100x2-qwen3-32b": "Qwen/Qwen3-32B",
+  "h100x4-llama3-70b": "meta-llama/Llama-3.1-70B-Instruct",
+  "h100x8-llama3-70b": "meta-llama/Llama-3.1-70B-Instruct",
+  instant: "sim-instant",
+};
+
+/** Whether `name` is a built-in preset. */
+export function isPresetName(name: unknown): name is PresetName {
+  return typeof name === "string" && Object.hasOwn(PRESETS, name);
+}
+
+const NON_NEGATIVE: readonly (keyof SimParams)[] = [
+  "c0",
+  "cPrefill",
+  "cDec",
+  "cKv",
+  "cPfattn",
+  "floorCreditTokens",
+];
+const POSITIVE_INT: readonly (keyof SimParams)[] = [
+  "kvCapacityTokens",
+  "blockSize",
+  "maxNumSeqs",
+  "maxNumBatchedTokens",
+  "maxModelLen",
+];
+
+/**
+ * Resolves a preset (by name, or overrides on top of `base`, default
+ * `h100-llama3-8b`) plus further overrides into validated parameters.
+ * `maxModelLen` is capped at the KV capacity: a call that cannot fit the
+ * cache could never run. Errors name the value received.
+ */
+export function resolveSimParams(
+  preset: PresetName | PresetOverrides | undefined,
+  overrides: Partial<SimParams> = {},
+): SimParams {
+  let base: PresetName = DEFAULT_PRESET;
+  let presetOverrides: Partial<SimParams> = {};
+  if (typeof preset === "string") {
+    if (!isPresetName(preset)) {
+      throw new RangeError(
+        `preset should be one of ${Object.keys(PRESETS).join(", ")}, got ${JSON.stringify(preset)}`,
+      );
+    }
+    base = preset;
+  } else if (preset !== undefined) {
+    const { base: named, ...rest } = preset;
+    if (named !== undefined) {
+      if (!isPresetName(named)) {
+        throw new RangeError(
+          `preset.base should be one of ${Object.keys(PRESETS).join(", ")}, got ${JSON.stringify(named)}`,
+        );
+      }
+      base = named;
+    }
+    presetOverrides = rest;
+  }
+  const merged: SimParams = { ...PRESETS[base] };
+  for (const source of [presetOverrides, overrides]) {
+    for (const [key, value] of Object.entries(source)) {
+      if (value !== undefined && Object.hasOwn(merged, key))
+        (merged as unknown as Record<string, unknown>)[key] = value;
+    }
+  }
+  for (const key of NON_NEGATIVE) {
+    const value = merged[key] as number;
+    if (!(Number.isFinite(value) && value >= 0))
+      throw new RangeError(`${key} should be a finite number ≥ 0, got ${value}`);
+  }
+  for (const key of POSITIVE_INT) {
+    const value = merged[key] as number;
+    if (!(Number.isInteger(value) && value >= 1))
+      throw new RangeError(`${key} should be a positive integer, got ${value}`);
+  }
+  if (typeof merged.instant !== "boolean")
+    throw new RangeError(`instant should be a boolean, got ${merged.instant}`);
+  if (merged.kvCapacityTokens < merged.blockSize) {
+    throw new RangeError(
+      `kvCapacityTokens should hold at least one block of ${merged.blockSize} tokens, got ${merged.kvCapacityTokens}`,
+    );
+  }
+  const capacity = Math.floor(merged.kvCapacityTokens / merged.blockSize) * merged.blockSize;
+  merged.maxModelLen = Math.min(merged.maxModelLen, capacity);
+  return merged;
+}
+
+/** The work of one engine step, as the step-time model sees it. */
+export interface StepShape {
+  /** Uncached prefill tokens computed in the step (recomputed ones included). */
+  prefillTokens: number;
+  /** Decode sequences in the step. */
+  decodeSeqs: number;
+  /** Σ context tokens of the decode sequences (each counts the token it decodes). */
+  decodeContextTokens: number;
+  /** Σ t_i·(s_i + t_i/2) over the prefill chunks: t_i new tokens on top of s_i already in KV. */
+  prefillPairs: number;
+}
+
+/**
+ * Duration of one step, ms (SPEC 13.1):
+ * `c0 + max(0, cPrefill·P + cDec·D − cPrefill·floorCreditTokens) + cKv·K + cPfattn·Σ t_i(s_i + t_i/2)`.
+ */
+export function stepTimeMs(params: SimParams, step: StepShape): number {
+  const linear = params.cPrefill * step.prefillTokens + params.cDec * step.decodeSeqs;
+  const credit = params.cPrefill * params.floorCreditTokens;
+  return (
+    params.c0 +
+    Math.max(0, linear - credit) +
+    params.cKv * step.decodeContextTokens +
+    params.cPfattn * step.prefillPairs
+  );
+}
+
+/** Prefill throughput of one rank implied by the model, tokens/s (`1000 / cPrefill`; 1e9 when prefill is free). */
+export function prefillTokensPerSecond(params: SimParams): number {
+  return params.cPrefill > 0 ? 1000 / params.cPrefill : 1e9;
+}

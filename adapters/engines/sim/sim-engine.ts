@@ -1,0 +1,377 @@
+/** @module `SimEngine`: the simulated vLLM-like replica behind the `Engine` port, in real or virtual time. */
+
+import { type Clock, VirtualClock } from "../../../src/clock.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../../src/engine.js";
+import { Refusal } from "../../../src/errors.js";
+import type { KvBlockEvent } from "./block-pool.js";
+import { CallStream } from "./call-stream.js";
+import { mixSeed } from "./hash.js";
+import {
+  PRESET_MODELS,
+  type PresetName,
+  type PresetOverrides,
+  prefillTokensPerSecond,
+  resolveSimParams,
+  type SimParams,
+} from "./presets.js";
+import { type RankCounters, RankSim, type SimCallEvent, type SimStepEvent } from "./rank.js";
+import { SimCall } from "./sim-call.js";
+import { DEFAULT_VOCABULARY, type VocabularyEntry } from "./vocabulary.js";
+
+/** Options of {@link SimEngine}; any {@link SimParams} field overrides the preset. */
+export interface SimEngineOptions extends Partial<SimParams> {
+  /** Replica id (the `replica`/`worker` label). */
+  id: string;
+  /** Time source: `VirtualClock` for benchmarks, `RealClock` for a live server. */
+  clock: Clock;
+  /** A preset name or overrides on top of one (`base`); default `h100-llama3-8b`. */
+  preset?: PresetName | PresetOverrides;
+  /** Served model name; default per preset. */
+  model?: string;
+  /** Seed of the generated tokens; default 0. */
+  seed?: number;
+  /** Data-parallel ranks, each with its own batch and KV pool; default 1. */
+  dataParallelSize?: number;
+  /**
+   * Simulate a run of pure-decode steps with one timer when nothing can join
+   * the batch before the next completion. Default: on for a `VirtualClock`,
+   * off otherwise (in real time every step is its own timer, so chunks
+   * stream at each step's time).
+   */
+  skipDecodeSteps?: boolean;
+  /** Tokens generated (id and text); default {@link DEFAULT_VOCABULARY}. */
+  vocabulary?: readonly VocabularyEntry[];
+  /** Called for every step, or run of decode steps, as it is simulated. Must not throw or call back into the engine. */
+  onStep?: (event: SimStepEvent) => void;
+  /**
+   * Called when a call arrives, is first scheduled, gets its first token, is preempted or finishes.
+   * Must not throw or call back into the engine synchronously (defer with a microtask).
+   */
+  onCall?: (event: SimCallEvent) => void;
+  /** Called when a block hash enters or leaves a rank's prefix cache (vLLM's KV events). Must not throw or call back into the engine. */
+  onKvEvent?: (rank: number, event: KvBlockEvent) => void;
+}
+
+/** Cumulative counters of a simulated replica (all ranks). */
+export interface SimStats extends RankCounters {
+  /** Cached blocks evicted to make room. */
+  evictedBlocks: number;
+  /** Per rank, same fields. */
+  ranks: RankCounters[];
+}
+
+/** Signals of one rank (what vLLM reports per `engine` label). */
+export interface RankSignals {
+  rank: number;
+  kvUsage: number;
+  running: number;
+  waiting: number;
+  preemptions: number;
+  prefixQueryTokens: number;
+  prefixHitTokens: number;
+  promptTokens: number;
+  generationTokens: number;
+  numBlocks: number;
+}
+
+/**
+ * A discrete-event model of a vLLM replica (SPEC 13, 13.1): paged KV in
+ * blocks, automatic prefix caching with LRU eviction of unreferenced blocks,
+ * continuous batching with chunked prefill, preemption by recompute, and the
+ * step-time model of the chosen preset. It runs on the injected clock only.
+ *
+ * Output: each call generates exactly `maxTokens` pseudo-tokens (finish
+ * reason `length`), drawn from the vocabulary by a generator seeded with the
+ * engine seed and the prompt — the same prompt always yields the same output,
+ * as greedy decoding would.
+ *
+ * Timing: a call's first token arrives at the end of the step that computes
+ * its last prompt token; each later token at the end of a decode step. With
+ * `skipDecodeSteps`, a run of decode steps is applied at once when it ends
+ * (or when an arrival or abort interrupts it): the tokens of the run arrive
+ * together in one chunk at the run's end, but first-token and completion
+ * times are exact, as is every step boundary, so time per output token is
+ * `(completion − firstToken) / (completionTokens − 1)` exactly.
+ *
+ * The `instant` preset completes every call inside `generate()`.
+ */
+export class SimEngine implements Engine {
+  readonly id: string;
+  readonly model: string;
+  readonly params: Readonly<SimParams>;
+  readonly dataParallelSize: number;
+  readonly seed: number;
+  readonly clock: Clock;
+  private readonly ranks: RankSim[];
+  private readonly vocabulary: readonly VocabularyEntry[];
+  private readonly active = new Set<SimCall>();
+  private closed = false;
+
+  constructor(options: SimEngineOptions) {
+    const {
+      id,
+      clock,
+      preset,
+      model,
+      seed = 0,
+      dataParallelSize = 1,
+      skipDecodeSteps,
+      vocabulary = DEFAULT_VOCABULARY,
+      onStep,
+      onCall,
+      onKvEvent,
+      ...overrides
+    } = options;
+    if (typeof id !== "string" || id === "")
+      throw new RangeError(`id should be a non-empty string, got ${JSON.stringify(id)}`);
+    if (!clock || typeof clock.now !== "function" || typeof clock.setTimeout !== "function") {
+      throw new TypeError(`clock should be a Clock, got ${String(clock)}`);
+    }
+    if (!(Number.isInteger(dataParallelSize) && dataParallelSize >= 1 && dataParallelSize <= 1024)) {
+      throw new RangeError(`dataParallelSize should be an integer in [1, 1024], got ${dataParallelSize}`);
+    }
+    if (!Number.isSafeInteger(seed)) throw new RangeError(`seed should be a safe integer, got ${seed}`);
+    if (!Array.isArray(vocabulary) || vocabulary.length === 0) {
+      throw new RangeError(`vocabulary should be a non-empty array, got ${JSON.stringify(vocabulary)}`);
+    }
+    this.params = resolveSimParams(preset, overrides);
+    const presetName = typeof preset === "string" ? preset : (preset?.base ?? "h100-llama3-8b");
+    this.id = id;
+    this.model = model ?? PRESET_MODELS[presetName];
+    this.dataParallelSize = dataParallelSize;
+    this.seed = seed;
+    this.clock = clock;
+    this.vocabulary = vocabulary;
+    const skip = skipDecodeSteps ?? clock instanceof VirtualClock;
+    this.ranks = [];
+    for (let rank = 0; rank < dataParallelSize; rank++) {
+      this.ranks.push(
+        new RankSim({
+          rank,
+          clock,
+          params: this.params,
+          vocabulary,
+          skipDecodeSteps: skip,
+          onStep,
+          onCall,
+          onKvEvent,
+        }),
+      );
+    }
+  }
+
+  models(): readonly string[] {
+    return [this.model];
+  }
+
+  /**
+   * Starts a call on `call.rank`, or on the least loaded rank (fewest running
+   * plus waiting, lowest index on ties) when it has none or an unknown one.
+   * Rejects with a `Refusal` (`invalid_request`, or `context_limit` when
+   * prompt + maxTokens exceeds `maxModelLen`) before anything is queued.
+   * A call whose signal is already aborted resolves to a stream that ended with `abort`.
+   */
+  generate(call: EngineCall): Promise<EngineStream> {
+    try {
+      return Promise.resolve(this.start(call));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  private start(call: EngineCall): EngineStream {
+    if (this.closed) throw new Refusal("unavailable", `replica ${this.id} is closed`);
+    const promptLen = call.promptTokens?.length ?? 0;
+    if (promptLen < 1)
+      throw new Refusal("invalid_request", "the prompt must have at least one token", { param: "prompt" });
+    if (!(Number.isInteger(call.maxTokens) && call.maxTokens >= 1)) {
+      throw new Refusal("invalid_request", `max_tokens must be an integer ≥ 1, got ${call.maxTokens}`, {
+        param: "max_tokens",
+      });
+    }
+    const maxLen = this.params.maxModelLen;
+    if (promptLen + call.maxTokens > maxLen) {
+      throw new Refusal(
+        "context_limit",
+        `This model's maximum context length is ${maxLen} tokens. However, you requested ${promptLen + call.maxTokens} tokens (${promptLen} in the messages, ${call.maxTokens} in the completion).`,
+        { limits: { max_total_tokens: maxLen, max_input_tokens: maxLen - 1 } },
+      );
+    }
+    const rank = this.pickRank(call.rank);
+    const ranker = this.ranks[rank]!;
+    let sim: SimCall | undefined;
+    const stream = new CallStream(() => {
+      if (sim) this.abortCall(sim);
+    });
+    sim = new SimCall(call, rank, stream, {
+      blockSize: this.params.blockSize,
+      seed: mixSeed(this.seed),
+      arrivalMs: this.clock.now(),
+    });
+    if (call.signal?.aborted) {
+      sim.state = "done";
+      stream.end(sim.result("abort"));
+      return stream;
+    }
+    if (this.params.instant) {
+      this.runInstant(ranker, sim);
+      return stream;
+    }
+    const created = sim;
+    const onAbort = (): void => this.abortCall(created);
+    call.signal?.addEventListener("abort", onAbort, { once: true });
+    this.active.add(created);
+    void stream.result.then(() => {
+      call.signal?.removeEventListener("abort", onAbort);
+      this.active.delete(created);
+    });
+    ranker.submit(created);
+    return stream;
+  }
+
+  /** The rank a call goes to. */
+  private pickRank(requested: number | undefined): number {
+    if (
+      requested !== undefined &&
+      Number.isInteger(requested) &&
+      requested >= 0 &&
+      requested < this.ranks.length
+    ) {
+      return requested;
+    }
+    let best = 0;
+    for (let r = 1; r < this.ranks.length; r++)
+      if (this.ranks[r]!.load() < this.ranks[best]!.load()) best = r;
+    return best;
+  }
+
+  private abortCall(sim: SimCall): void {
+    this.ranks[sim.rank]!.abort(sim);
+  }
+
+  /** The `instant` preset: prefix lookup, all output, caching and completion in one go. */
+  private runInstant(rank: RankSim, sim: SimCall): void {
+    const pool = rank.pool;
+    const bs = this.params.blockSize;
+    const hits = pool.lookup(sim.hashes, Math.floor((sim.numTokens - 1) / bs));
+    sim.cachedTokens = hits.length * bs;
+    rank.counters.prefixQueryTokens += sim.promptLen;
+    rank.counters.prefixHitTokens += sim.cachedTokens;
+    rank.counters.promptTokens += sim.promptLen;
+    let text = "";
+    for (let i = 0; i < sim.maxTokens; i++) text += sim.sample(this.vocabulary).text;
+    rank.counters.generationTokens += sim.maxTokens;
+    rank.counters.prefillTokens += sim.promptLen - sim.cachedTokens;
+    rank.counters.decodeTokens += sim.maxTokens;
+    // Leave the whole sequence in the cache, as a finished call would.
+    const full = sim.hashes.length;
+    const need = full - hits.length;
+    if (need <= pool.freeBlocks() - pool.countFree(hits)) {
+      pool.touch(hits);
+      const blocks = hits.slice();
+      for (let i = hits.length; i < full; i++) {
+        const b = pool.allocate();
+        blocks.push(b);
+        pool.register(b, sim.hashes[i]!);
+      }
+      pool.release(blocks);
+    }
+    rank.counters.finished++;
+    sim.state = "done";
+    sim.firstTokenMs = this.clock.now();
+    sim.stream.push(sim.output, text);
+    sim.stream.end(sim.result("length"));
+  }
+
+  /** Signals of the whole replica: KV usage over all ranks' blocks, counts summed. */
+  signals(): EngineSignals {
+    let used = 0;
+    let blocks = 0;
+    let running = 0;
+    let waiting = 0;
+    let preemptions = 0;
+    let queries = 0;
+    let hits = 0;
+    for (const rank of this.ranks) {
+      rank.catchUp();
+      used += rank.pool.usedBlocks();
+      blocks += rank.pool.numBlocks;
+      running += rank.runningCount();
+      waiting += rank.waitingCalls();
+      preemptions += rank.counters.preemptions;
+      queries += rank.counters.prefixQueryTokens;
+      hits += rank.counters.prefixHitTokens;
+    }
+    return {
+      readAtMs: this.clock.now(),
+      healthy: !this.closed,
+      kvUsage: used / blocks,
+      prefixQueryTokens: queries,
+      prefixHitTokens: hits,
+      running,
+      waiting,
+      preemptions,
+      kvCapacityTokens: blocks * this.params.blockSize,
+      blockSize: this.params.blockSize,
+      maxNumSeqs: this.params.maxNumSeqs,
+      dataParallelSize: this.dataParallelSize,
+      prefillTokensPerSecond: prefillTokensPerSecond(this.params) * this.dataParallelSize,
+    };
+  }
+
+  /** Signals per rank (what vLLM labels with `engine`). */
+  rankSignals(): RankSignals[] {
+    return this.ranks.map((rank, i) => ({
+      rank: i,
+      kvUsage: rank.kvUsage(),
+      running: rank.runningCount(),
+      waiting: rank.waitingCalls(),
+      preemptions: rank.counters.preemptions,
+      prefixQueryTokens: rank.counters.prefixQueryTokens,
+      prefixHitTokens: rank.counters.prefixHitTokens,
+      promptTokens: rank.counters.promptTokens,
+      generationTokens: rank.counters.generationTokens,
+      numBlocks: rank.pool.numBlocks,
+    }));
+  }
+
+  /** Work counters (steps, busy time, recomputed tokens, …), summed over ranks and per rank. */
+  stats(): SimStats {
+    const ranks = this.ranks.map((rank) => {
+      rank.catchUp();
+      return { ...rank.counters };
+    });
+    const total = { ...ranks[0]! };
+    for (const r of ranks.slice(1)) {
+      for (const key of Object.keys(total) as (keyof RankCounters)[]) total[key] += r[key];
+    }
+    let evictedBlocks = 0;
+    for (const rank of this.ranks) evictedBlocks += rank.pool.evictedBlocks();
+    return { ...total, evictedBlocks, ranks };
+  }
+
+  /** Blocks per rank. */
+  blocksPerRank(): number {
+    return this.ranks[0]!.pool.numBlocks;
+  }
+
+  /** Whether a block with this chained hash is in `rank`'s prefix cache (for tests). */
+  hasCachedBlock(hash: number, rank = 0): boolean {
+    return this.ranks[rank]?.pool.has(hash) ?? false;
+  }
+
+  /** The KV pool of one rank (read-only use: tests and diagnostics). */
+  poolOf(rank = 0): RankSim["pool"] {
+    const r = this.ranks[rank];
+    if (!r) throw new RangeError(`rank should be in [0, ${this.ranks.length - 1}], got ${rank}`);
+    return r.pool;
+  }
+
+  /** Aborts every call and stops all timers. Later `generate` calls are refused (`unavailable`). */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const rank of this.ranks) rank.close();
+    this.active.clear();
+  }
+}
