@@ -1,0 +1,23 @@
+/** @module The per-rank backend gate and its lanes (SPEC 3.1, 4, 5): re-exports only. */
+
+export {
+  type AcquireRequest,
+  BackendGate,
+  type BackendGateOptions,
+  type GateCounters,
+  type GateLimitValues,
+  type GateOccupancy,
+  type GateSnapshot,
+  type LaneOptions,
+  type LaneQueueOptions,
+  type LaneQueueSnapshot,
+  type Permit,
+  type RankCounters,
+} from "./backend-gate.js";
+export { DrainEstimator, type DrainEstimatorOptions } from "./drain-estimator.js";
+export {
+  GateCancelled,
+  GateRejection,
+  type GateRejectionInit,
+  type GateRejectionScope,
+} from "./gate-errors.js";
