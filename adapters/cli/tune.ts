@@ -1,0 +1,321 @@
+/** @module `sluice tune`: Little's law from two scrapes of a gate's `/metrics` — L, C, W and a suggested waiting limit. */
+
+import { readFile } from "node:fs/promises";
+import { parseArgs } from "node:util";
+import { type MetricSample, parsePrometheusText } from "../engines/openai/metrics-parser.js";
+
+/** One (worker, dp_rank) row of the report. */
+export interface TuneRow {
+  worker: string;
+  /** Rank id, `unspecified` for unranked calls, or `all` for a worker's total over its ranks. */
+  dpRank: string;
+  /** L: time-average number of admitted calls before their first token (mean of the two samples). */
+  waiting: number;
+  /** Mean gate queue length over the interval (mean of the two samples). */
+  queued: number;
+  /** C: admissions per second (direct + from the queue) over the interval. */
+  admitRatePerS: number;
+  /** W = L / C: mean time an admitted call waits for its first token, seconds; null when nothing was admitted. */
+  waitSeconds: number | null;
+  /** The waiting limit the gate ran with (per rank), when the scrape shows it. */
+  currentWaitingLimit: number | null;
+  /** ⌈L⌉, at least 1: the per-rank `--engine-request-waiting-limit` that would have let this load through. */
+  suggestedWaitingLimit: number;
+  /** Reasons the numbers understate demand (queueing, rejections, cancellations, counter resets). */
+  warnings: string[];
+}
+
+/** The whole report. */
+export interface TuneReport {
+  intervalSeconds: number;
+  rows: TuneRow[];
+  notes: string[];
+}
+
+const WAITING = "sluice_gate_engine_request_waiting_count";
+const QUEUED = "sluice_gate_request_queue_count";
+const ADMITS = "sluice_gate_request_admit_total";
+const REJECTIONS = "sluice_gate_rejection_total";
+const CANCELLATIONS = "sluice_gate_cancellation_total";
+const LIMIT = "sluice_gate_limit";
+
+type Key = string;
+const keyOf = (worker: string, rank: string): Key => `${worker}\u0000${rank}`;
+
+interface Totals {
+  waiting: number;
+  queued: number;
+  admitDirect: number;
+  admitQueue: number;
+  rejections: number;
+  cancellations: number;
+}
+
+function emptyTotals(): Totals {
+  return { waiting: 0, queued: 0, admitDirect: 0, admitQueue: 0, rejections: 0, cancellations: 0 };
+}
+
+/** Sums one scrape's gate samples per (worker, dp_rank); also returns the waiting limit per worker. */
+function gather(samples: readonly MetricSample[]): { rows: Map<Key, Totals>; limits: Map<string, number> } {
+  const rows = new Map<Key, Totals>();
+  const limits = new Map<string, number>();
+  const row = (s: MetricSample) => {
+    const key = keyOf(s.labels.worker ?? "", s.labels.dp_rank ?? "unspecified");
+    const existing = rows.get(key);
+    if (existing) return existing;
+    const totals = emptyTotals();
+    rows.set(key, totals);
+    return totals;
+  };
+  for (const s of samples) {
+    if (!Number.isFinite(s.value)) continue;
+    switch (s.name) {
+      case WAITING:
+        row(s).waiting += s.value;
+        break;
+      case QUEUED:
+        row(s).queued += s.value;
+        break;
+      case ADMITS:
+        if (s.labels.source === "queue") row(s).admitQueue += s.value;
+        else row(s).admitDirect += s.value;
+        break;
+      case REJECTIONS:
+        row(s).rejections += s.value;
+        break;
+      case CANCELLATIONS:
+        row(s).cancellations += s.value;
+        break;
+      case LIMIT:
+        if (s.labels.kind === "engine_request_waiting" && s.labels.worker !== undefined) {
+          limits.set(s.labels.worker, s.value);
+        }
+        break;
+    }
+  }
+  return { rows, limits };
+}
+
+function rowFrom(
+  worker: string,
+  dpRank: string,
+  a: Totals,
+  b: Totals,
+  intervalSeconds: number,
+  limit: number | null,
+): TuneRow {
+  const warnings: string[] = [];
+  const delta = (x: number, y: number, what: string) => {
+    if (y < x) {
+      warnings.push(`${what} went down (restart between scrapes?); its rate is unusable`);
+      return 0;
+    }
+    return y - x;
+  };
+  const direct = delta(a.admitDirect, b.admitDirect, "admissions");
+  const queued = delta(a.admitQueue, b.admitQueue, "queue admissions");
+  const rejected = delta(a.rejections, b.rejections, "rejections");
+  const cancelled = delta(a.cancellations, b.cancellations, "cancellations");
+  const waiting = (a.waiting + b.waiting) / 2;
+  const queueMean = (a.queued + b.queued) / 2;
+  const admitRatePerS = (direct + queued) / intervalSeconds;
+  if (queued > 0 || a.queued > 0 || b.queued > 0) {
+    warnings.push(
+      `calls queued in the gate during the interval (${queued} admitted from the queue): ` +
+        "the waiting limit was binding, so L understates demand; raise the limit and measure again",
+    );
+  }
+  if (rejected > 0) warnings.push(`${rejected} rejection(s) in the interval: demand above what was admitted`);
+  if (cancelled > 0) warnings.push(`${cancelled} cancellation(s) in the interval: clients gave up waiting`);
+  if (direct + queued === 0) warnings.push("no admissions in the interval: nothing to measure");
+  return {
+    worker,
+    dpRank,
+    waiting,
+    queued: queueMean,
+    admitRatePerS,
+    waitSeconds: admitRatePerS > 0 ? waiting / admitRatePerS : null,
+    currentWaitingLimit: limit,
+    suggestedWaitingLimit: Math.max(1, Math.ceil(waiting - 1e-9)),
+    warnings,
+  };
+}
+
+/**
+ * Applies Little's law (L = C·W) to two scrapes taken `intervalSeconds` apart.
+ * L is the mean of the waiting count at the two scrapes — a two-point
+ * estimate of the time average, good when the load is steady over the
+ * interval; C is the admission rate (Δ direct + Δ queue ÷ interval); W = L/C.
+ * The suggestion ⌈L⌉ is a mean, not a tail bound.
+ */
+export function littleLaw(beforeText: string, afterText: string, intervalSeconds: number): TuneReport {
+  if (!(Number.isFinite(intervalSeconds) && intervalSeconds > 0)) {
+    throw new RangeError(`the interval must be a positive number of seconds, got ${intervalSeconds}`);
+  }
+  const before = gather(parsePrometheusText(beforeText).samples);
+  const after = gather(parsePrometheusText(afterText).samples);
+  const keys = [...new Set([...before.rows.keys(), ...after.rows.keys()])].sort();
+  const rows: TuneRow[] = [];
+  const perWorker = new Map<string, { a: Totals; b: Totals; ranks: number }>();
+  for (const key of keys) {
+    const [worker = "", dpRank = "unspecified"] = key.split("\u0000");
+    const a = before.rows.get(key) ?? emptyTotals();
+    const b = after.rows.get(key) ?? emptyTotals();
+    const limit = after.limits.get(worker) ?? before.limits.get(worker) ?? null;
+    rows.push(rowFrom(worker, dpRank, a, b, intervalSeconds, limit));
+    const sum = perWorker.get(worker) ?? { a: emptyTotals(), b: emptyTotals(), ranks: 0 };
+    perWorker.set(worker, sum);
+    sum.ranks++;
+    for (const field of Object.keys(a) as (keyof Totals)[]) {
+      sum.a[field] += a[field];
+      sum.b[field] += b[field];
+    }
+  }
+  for (const [worker, sum] of perWorker) {
+    if (sum.ranks < 2) continue;
+    const total = rowFrom(worker, "all", sum.a, sum.b, intervalSeconds, null);
+    total.warnings = [];
+    rows.push(total);
+  }
+  const notes = [
+    "L is the mean of the waiting count at the two scrapes: a two-point estimate of the time average, " +
+      "sound when the load was steady over the interval (use a longer interval for bursty load).",
+    "The suggestion is a mean, not a tail bound: bursts exceed L; leave headroom, and re-measure after a change.",
+    "The limit is per rank; apply it with --engine-request-waiting-limit (or SLUICE_ENGINE_REQUEST_WAITING_LIMIT).",
+  ];
+  if (rows.length === 0)
+    notes.unshift(`no ${WAITING} samples in the scrapes: is this a sluice /metrics page?`);
+  return { intervalSeconds, rows, notes };
+}
+
+function fixed(value: number | null, digits: number): string {
+  return value === null ? "—" : value.toFixed(digits);
+}
+
+/** The report as a text table with notes. */
+export function formatReport(report: TuneReport): string {
+  const header = ["worker", "dp_rank", "L waiting", "queued", "C admits/s", "W s", "limit now", "suggested"];
+  const body = report.rows.map((r) => [
+    r.worker,
+    r.dpRank,
+    fixed(r.waiting, 2),
+    fixed(r.queued, 2),
+    fixed(r.admitRatePerS, 2),
+    fixed(r.waitSeconds, 3),
+    r.currentWaitingLimit === null ? "—" : String(r.currentWaitingLimit),
+    r.dpRank === "all" ? "—" : String(r.suggestedWaitingLimit),
+  ]);
+  const widths = header.map((h, i) => Math.max(h.length, ...body.map((row) => row[i]!.length)));
+  const line = (cells: string[]) =>
+    cells.map((cell, i) => (i < 2 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join("  ");
+  const out = [`interval ${report.intervalSeconds} s`, line(header), ...body.map(line)];
+  for (const r of report.rows) {
+    for (const warning of r.warnings) out.push(`warning: ${r.worker} rank ${r.dpRank}: ${warning}`);
+  }
+  for (const note of report.notes) out.push(`note: ${note}`);
+  return out.join("\n");
+}
+
+const HELP = `usage: sluice tune --url URL [--interval-s N] | --before FILE --after FILE --interval-s N [--json]
+
+Little's law on a gate's /metrics: L (time-average calls waiting for their first
+token), C (admissions per second), W = L / C, and the per-rank waiting limit ⌈L⌉.
+
+  --url URL         sluice base URL or its /metrics URL; scraped twice, --interval-s apart (default 10 s)
+  --before FILE     a saved /metrics page (first scrape)
+  --after FILE      a saved /metrics page (second scrape)
+  --interval-s N    seconds between the two scrapes (required with files)
+  --json            print the report as JSON
+  --help            this text`;
+
+async function scrape(url: string): Promise<string> {
+  const response = await fetch(url, { signal: AbortSignal.timeout(10_000) });
+  if (!response.ok) throw new Error(`GET ${url} answered ${response.status}`);
+  return response.text();
+}
+
+/** `sluice tune`. Returns 0, or 2 for bad flags, 1 when a scrape failed. */
+export async function run(argv: string[]): Promise<number> {
+  let values: Record<string, string | boolean | undefined>;
+  try {
+    values = parseArgs({
+      args: argv,
+      options: {
+        url: { type: "string" },
+        before: { type: "string" },
+        after: { type: "string" },
+        "interval-s": { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean" },
+      },
+      strict: true,
+      allowPositionals: false,
+    }).values;
+  } catch (err) {
+    process.stderr.write(`sluice tune: ${(err as Error).message}\n${HELP}\n`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(`${HELP}\n`);
+    return 0;
+  }
+  const url = values.url as string | undefined;
+  const beforeFile = values.before as string | undefined;
+  const afterFile = values.after as string | undefined;
+  const intervalRaw = values["interval-s"] as string | undefined;
+  let interval = 10;
+  if (intervalRaw !== undefined) {
+    interval = Number(intervalRaw.trim());
+    if (intervalRaw.trim() === "" || !Number.isFinite(interval) || interval <= 0) {
+      process.stderr.write(
+        `sluice tune: --interval-s takes a positive number of seconds, got ${JSON.stringify(intervalRaw)}\n`,
+      );
+      return 2;
+    }
+  }
+  let beforeText: string;
+  let afterText: string;
+  if (url !== undefined && (beforeFile !== undefined || afterFile !== undefined)) {
+    process.stderr.write("sluice tune: give either --url or --before/--after, not both\n");
+    return 2;
+  }
+  if (url !== undefined) {
+    let target: URL;
+    try {
+      target = new URL(url);
+    } catch {
+      process.stderr.write(`sluice tune: --url takes an http(s) URL, got ${JSON.stringify(url)}\n`);
+      return 2;
+    }
+    if (!target.pathname.endsWith("/metrics"))
+      target.pathname = `${target.pathname.replace(/\/+$/, "")}/metrics`;
+    try {
+      beforeText = await scrape(target.href);
+      process.stderr.write(`sluice tune: first scrape done; second in ${interval} s\n`);
+      await new Promise((resolve) => setTimeout(resolve, interval * 1000));
+      afterText = await scrape(target.href);
+    } catch (err) {
+      process.stderr.write(`sluice tune: ${(err as Error).message}\n`);
+      return 1;
+    }
+  } else {
+    if (beforeFile === undefined || afterFile === undefined) {
+      process.stderr.write(`sluice tune: give --url, or both --before and --after\n${HELP}\n`);
+      return 2;
+    }
+    if (intervalRaw === undefined) {
+      process.stderr.write("sluice tune: --interval-s is required with --before/--after\n");
+      return 2;
+    }
+    try {
+      beforeText = await readFile(beforeFile, "utf8");
+      afterText = await readFile(afterFile, "utf8");
+    } catch (err) {
+      process.stderr.write(`sluice tune: ${(err as Error).message}\n`);
+      return 2;
+    }
+  }
+  const report = littleLaw(beforeText, afterText, interval);
+  process.stdout.write(`${values.json ? JSON.stringify(report, null, 2) : formatReport(report)}\n`);
+  return 0;
+}

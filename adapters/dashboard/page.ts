@@ -1,0 +1,104 @@
+/** @module The live dashboard: one self-contained HTML page (inline CSS, inline script, SVG charts) that polls `/v1/admin/state`. */
+
+import { readFileSync } from "node:fs";
+
+/** Options of `renderDashboard`. */
+export interface DashboardOptions {
+  /** Polling period of `/v1/admin/state`, ms. */
+  pollMs: number;
+  /** The window law's thresholds, drawn as lines on the KV and hit-rate charts (0–1). */
+  thresholds: { kvLow: number; kvHigh: number; hitLow: number };
+  /** History kept in the page, seconds. Default 300. */
+  historySeconds?: number;
+  /** Path of the state endpoint, relative to the page. Default `/v1/admin/state`. */
+  statePath?: string;
+}
+
+// The browser script lives in its own file so it can be linted as JavaScript; it is inlined, never linked.
+const CLIENT_SCRIPT = readFileSync(new URL("./client.js", import.meta.url), "utf8");
+
+const STYLE = `
+:root { --bg:#0f1419; --panel:#171d24; --grid:#2a323c; --text:#d8dee6; --muted:#8a96a3; --warn:#e6a23c; --bad:#e5534b; --ok:#3fb950; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; background: var(--bg); color: var(--text); }
+header { display: flex; flex-wrap: wrap; gap: 12px; align-items: baseline; padding: 12px 20px; border-bottom: 1px solid var(--grid); }
+header h1 { font-size: 18px; margin: 0 12px 0 0; }
+.chip { padding: 2px 10px; border-radius: 999px; background: var(--panel); border: 1px solid var(--grid); }
+.chip.stage-normal { border-color: var(--ok); color: var(--ok); }
+.chip.stage-bulk_paused { border-color: var(--warn); color: var(--warn); }
+.chip.stage-shedding { border-color: var(--bad); color: var(--bad); }
+#error { display: none; margin: 12px 20px; padding: 8px 12px; border: 1px solid var(--bad); color: var(--bad); border-radius: 6px; }
+main { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 16px; padding: 16px 20px; }
+section.panel { background: var(--panel); border: 1px solid var(--grid); border-radius: 8px; padding: 10px 12px; }
+section.panel h2 { font-size: 14px; margin: 0 0 2px; }
+section.panel p.note { margin: 0 0 6px; color: var(--muted); font-size: 12px; }
+svg.chart { width: 100%; height: 220px; display: block; }
+svg.chart text { fill: var(--muted); font-size: 11px; }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; color: var(--muted); margin-top: 4px; }
+.legend i { display: inline-block; width: 14px; height: 3px; margin-right: 5px; vertical-align: middle; }
+table { border-collapse: collapse; width: 100%; font-size: 12px; }
+th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--grid); white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+#replicas { grid-column: 1 / -1; overflow-x: auto; }
+`;
+
+/** Renders the dashboard page with its configuration embedded. */
+export function renderDashboard(options: DashboardOptions): string {
+  const config = {
+    pollMs: options.pollMs,
+    thresholds: options.thresholds,
+    historySeconds: options.historySeconds ?? 300,
+    statePath: options.statePath ?? "/v1/admin/state",
+  };
+  // `<` is escaped so nothing in the embedded JSON can close the script element.
+  const configJson = JSON.stringify(config).replace(/</g, "\\u003c");
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>sluice — live</title>
+<style>${STYLE}</style>
+</head>
+<body data-samples="0">
+<header>
+  <h1>sluice</h1>
+  <span class="chip" id="stage">stage: …</span>
+  <span class="chip" id="policy">policy: …</span>
+  <span class="chip" id="fleet">replicas: …</span>
+  <span class="chip" id="sessions">sessions: …</span>
+  <span class="chip" id="updated">waiting for data</span>
+</header>
+<div id="error" role="alert"></div>
+<main>
+  <section class="panel" id="panel-kv"><h2>KV cache usage per replica</h2>
+    <p class="note">Blocks held by running calls (0–100 %). Dashed lines: window law thresholds U_low and U_high.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-hit"><h2>Prefix cache hit rate per replica</h2>
+    <p class="note">Token-weighted, over the last control interval. Dashed line: H_low (the window halves only when KV is above U_high and hit rate below H_low).</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-window"><h2>Session window vs sessions</h2>
+    <p class="note">Thick: window W. Solid: active sessions. Dashed: paused. Dotted: waiting.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-gate"><h2>Gate occupancy per rank</h2>
+    <p class="note">Solid: engine requests held. Dashed: waiting for first token. Dotted: queued in the gate.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-lanes"><h2>Lane queues</h2>
+    <p class="note">Calls queued per lane, summed over replicas; the legend shows the oldest queued call's age.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-refusals"><h2>Refusals per second by reason</h2>
+    <p class="note">From the cumulative counts in the state; totals in the legend.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-stage"><h2>Overload stage</h2>
+    <p class="note">0 normal · 1 bulk paused · 2 shedding.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="replicas"><h2>Replicas now</h2><div id="replica-table"></div></section>
+</main>
+<script type="application/json" id="sluice-config">${configJson}</script>
+<script>
+${CLIENT_SCRIPT}
+</script>
+</body>
+</html>
+`;
+}

@@ -1,0 +1,554 @@
+/** @module The HTTP API of SPEC 8 on hono: OpenAI-compatible completions, sessions, admin state, metrics, dashboard. */
+
+import type { ServerResponse } from "node:http";
+import type { Context } from "hono";
+import { Hono } from "hono";
+import { cors } from "hono/cors";
+import { Registry } from "prom-client";
+import { Refusal, renderRefusal } from "../../src/errors.js";
+import type {
+  AdminState,
+  AdmittedCall,
+  CallInput,
+  CallRequest,
+  ChatMessage,
+  Lane,
+  OpenSessionInit,
+  SessionView,
+} from "../../src/types.js";
+import { renderDashboard } from "../dashboard/page.js";
+import { createMetrics, type MetricsScheduler, type SluiceMetrics } from "../metrics/metrics.js";
+import { type ApiKeyIdentity, type ApiKeys, secretsEqual } from "./api-keys.js";
+import { collectCall, sseStream } from "./call-response.js";
+import { CallTracker } from "./call-tracker.js";
+import type { ResponseContext } from "./openai-format.js";
+import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
+import { sanitizeRequestId } from "./request-id.js";
+import {
+  type ChatBody,
+  type CompletionBody,
+  chatBodySchema,
+  completionBodySchema,
+  openSessionBodySchema,
+  parseBody,
+} from "./schemas.js";
+
+/** What the HTTP layer needs from the scheduler (`src/scheduler.ts` provides it). */
+export interface HttpScheduler extends MetricsScheduler {
+  readonly config: { window: { kvLow: number; kvHigh: number; hitLow: number } };
+  submit(req: CallRequest): Promise<AdmittedCall>;
+  openSession(init: OpenSessionInit): SessionView;
+  getSession(id: string): SessionView | undefined;
+  closeSession(id: string): boolean;
+  models(): string[];
+  contextWindow(model?: string): number;
+  state(): AdminState;
+  readyReplicas(): number;
+}
+
+/** Session key headers, first present wins (SPEC 7). */
+export const SESSION_HEADERS = [
+  "x-session-id",
+  "x-claude-code-session-id",
+  "x-session-affinity",
+  "session-id",
+  "session_id",
+  "x-dynamo-session-id",
+] as const;
+
+/** Options of `createApp`. */
+export interface AppOptions {
+  scheduler: HttpScheduler;
+  /** Registry `/metrics` serves; a new one when omitted. Ignored when `metrics` is given. */
+  registry?: Registry;
+  /** Metrics already created with `createMetrics` on the caller's registry. */
+  metrics?: SluiceMetrics;
+  /** API keys; when set, every `/v1` route needs `authorization: Bearer KEY`. */
+  keys?: ApiKeys;
+  /** Key for the admin routes (`/v1/admin/*`, `/dashboard`, and `/metrics` when `protectMetrics`). */
+  adminKey?: string;
+  /** Largest request body, bytes. Default 4 MiB. */
+  bodyLimitBytes?: number;
+  /** CORS, off unless configured: allowed origins (`"*"` for any). */
+  cors?: { origins: string[] | "*" };
+  /** Require admin credentials for `/metrics` too. Default false (Prometheus scrapes without them). */
+  protectMetrics?: boolean;
+  /** Shared with the server for graceful shutdown; a private one when omitted. */
+  tracker?: CallTracker;
+  /** Dashboard polling period, ms. Default 1000. */
+  dashboardPollMs?: number;
+}
+
+type Env = { Variables: { requestId: string; identity: ApiKeyIdentity | undefined } };
+
+const LANES: readonly Lane[] = ["interactive", "bulk"];
+
+function validateOptions(options: AppOptions): void {
+  const limit = options.bodyLimitBytes;
+  if (limit !== undefined && !(Number.isInteger(limit) && limit > 0)) {
+    throw new RangeError(`bodyLimitBytes must be a positive integer, got ${limit}`);
+  }
+  const poll = options.dashboardPollMs;
+  if (poll !== undefined && !(Number.isFinite(poll) && poll >= 100)) {
+    throw new RangeError(`dashboardPollMs must be at least 100, got ${poll}`);
+  }
+  if (options.adminKey !== undefined && options.adminKey.length < 8) {
+    throw new RangeError(`adminKey must have at least 8 characters, got ${options.adminKey.length}`);
+  }
+}
+
+/** Any failure as a Refusal, so one renderer maps everything. */
+function asRefusal(err: unknown): Refusal {
+  if (err instanceof Refusal) return err;
+  if (err instanceof Error && err.name === "EngineError") {
+    return new Refusal("unavailable", `engine failed: ${err.message}`, { status: 502, cause: err });
+  }
+  if (err instanceof Error && err.name === "AbortError") {
+    // The client left while queued (nobody reads this), or a shutdown cancelled the wait.
+    return new Refusal("unavailable", "the call was cancelled before it was admitted", {
+      status: 503,
+      cause: err,
+    });
+  }
+  const message = err instanceof Error ? err.message : String(err);
+  return new Refusal("unavailable", `internal error: ${message}`, { status: 500, cause: err });
+}
+
+function bearerOf(header: string | undefined): string | undefined {
+  if (!header) return undefined;
+  const match = /^Bearer\s+(.+)$/i.exec(header.trim());
+  return match?.[1]?.trim() || undefined;
+}
+
+function declaredLaneOf(header: string | undefined): Lane | undefined {
+  if (header === undefined) return undefined;
+  const lane = header.trim().toLowerCase();
+  if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
+  throw new Refusal(
+    "invalid_request",
+    `x-sluice-lane must be "interactive" or "bulk", got ${JSON.stringify(header)}`,
+    {
+      param: "x-sluice-lane",
+    },
+  );
+}
+
+function deadlineOf(header: string | undefined): number | undefined {
+  if (header === undefined) return undefined;
+  const value = Number(header.trim());
+  if (header.trim() === "" || !Number.isFinite(value) || value <= 0) {
+    throw new Refusal(
+      "invalid_request",
+      `x-sluice-deadline-ms must be a positive number of milliseconds, got ${JSON.stringify(header)}`,
+      { param: "x-sluice-deadline-ms" },
+    );
+  }
+  return value;
+}
+
+function sessionKeyOf(c: Context<Env>): string | undefined {
+  for (const name of SESSION_HEADERS) {
+    const value = c.req.header(name)?.trim();
+    if (value) {
+      if (value.length > 256 || !/^[\x21-\x7e]+$/.test(value)) {
+        throw new Refusal(
+          "invalid_request",
+          `${name} must be 1–256 printable ASCII characters without spaces`,
+          {
+            param: name,
+          },
+        );
+      }
+      return value;
+    }
+  }
+  return undefined;
+}
+
+function chatInput(body: ChatBody): CallInput {
+  return { kind: "chat", messages: body.messages as ChatMessage[] };
+}
+
+function completionInput(body: CompletionBody): CallInput {
+  const prompt = body.prompt;
+  if (typeof prompt === "string") return { kind: "text", prompt };
+  const first = prompt[0];
+  if (typeof first === "string") return { kind: "text", prompt: first };
+  if (Array.isArray(first)) return { kind: "tokens", tokens: first };
+  return { kind: "tokens", tokens: prompt as number[] };
+}
+
+/**
+ * Builds the hono app. Every refusal is a `Refusal` thrown by a handler (or
+ * the scheduler) and rendered in `onError`, the one place errors become
+ * responses; the SSE error event of a stream that fails mid-way uses the same
+ * renderer.
+ */
+export function createApp(options: AppOptions): Hono<Env> {
+  validateOptions(options);
+  const { scheduler, keys } = options;
+  const metrics = options.metrics ?? createMetrics(options.registry ?? new Registry(), scheduler);
+  const registry = metrics.registry;
+  const tracker = options.tracker ?? new CallTracker();
+  const bodyLimit = options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
+  const adminKey = options.adminKey;
+  const keysOn = keys !== undefined && keys.size > 0;
+  const adminLocked = keysOn || adminKey !== undefined;
+  const dashboardHtml = renderDashboard({
+    pollMs: options.dashboardPollMs ?? 1000,
+    thresholds: {
+      kvLow: scheduler.config.window.kvLow,
+      kvHigh: scheduler.config.window.kvHigh,
+      hitLow: scheduler.config.window.hitLow,
+    },
+  });
+
+  const app = new Hono<Env>();
+
+  const renderError = (err: unknown, requestId: string) => renderRefusal(asRefusal(err), requestId);
+
+  app.onError(function refusalToResponse(err, c) {
+    const requestId = c.get("requestId") ?? sanitizeRequestId(undefined);
+    const refusal = asRefusal(err);
+    // Refusals the scheduler decides reach the metrics through its events; the rest are the HTTP layer's own.
+    if (!uncounted.has(err)) {
+      metrics.recordRefusal({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
+    }
+    const rendered = renderRefusal(refusal, requestId);
+    return new Response(JSON.stringify(rendered.body), {
+      status: rendered.status,
+      headers: rendered.headers,
+    });
+  });
+
+  /** Failures the HTTP layer must not count: the scheduler's events did (its refusals, engine failures), or no call was refused. */
+  const uncounted = new WeakSet<object>();
+  const leaveUncounted = (err: unknown): unknown => {
+    if (typeof err === "object" && err !== null) uncounted.add(err);
+    return err;
+  };
+
+  app.notFound((c) =>
+    c.json(
+      {
+        error: {
+          message: `no route for ${c.req.method} ${c.req.path}`,
+          type: "not_found_error",
+          code: "route_not_found",
+          param: null,
+          request_id: c.get("requestId"),
+        },
+      },
+      404,
+    ),
+  );
+
+  app.use("*", async function requestId(c, next) {
+    const id = sanitizeRequestId(c.req.header("x-request-id"));
+    c.set("requestId", id);
+    c.set("identity", undefined);
+    await next();
+    c.res.headers.set("x-request-id", id);
+  });
+
+  if (options.cors) {
+    const origins = options.cors.origins;
+    app.use(
+      "*",
+      cors({
+        origin: origins === "*" ? "*" : origins,
+        allowHeaders: [
+          "authorization",
+          "content-type",
+          "x-request-id",
+          "x-sluice-lane",
+          "x-sluice-deadline-ms",
+          ...SESSION_HEADERS,
+        ],
+        exposeHeaders: [
+          "x-request-id",
+          "x-sluice-lane",
+          "x-sluice-replica",
+          "x-sluice-queue-ms",
+          "retry-after",
+        ],
+      }),
+    );
+  }
+
+  const isAdminCredential = (presented: string | undefined): boolean => {
+    if (presented === undefined) return false;
+    if (adminKey !== undefined && secretsEqual(presented, adminKey)) return true;
+    return keys?.lookup(presented)?.admin === true;
+  };
+
+  const requireAdmin = async function adminOnly(c: Context<Env>, next: () => Promise<void>) {
+    if (adminLocked) {
+      // Browsers cannot set headers when opening a page, so the dashboard also takes `?key=`.
+      const presented = bearerOf(c.req.header("authorization")) ?? c.req.query("key");
+      if (!isAdminCredential(presented)) {
+        throw new Refusal("unauthorized", "admin routes need the admin key: authorization: Bearer KEY");
+      }
+    }
+    await next();
+  };
+
+  const requireKey = async function apiKey(c: Context<Env>, next: () => Promise<void>) {
+    if (keysOn) {
+      const presented = bearerOf(c.req.header("authorization"));
+      const identity = presented === undefined ? undefined : keys.lookup(presented);
+      if (!identity)
+        throw new Refusal("unauthorized", "missing or unknown API key: send authorization: Bearer KEY");
+      c.set("identity", identity);
+    }
+    await next();
+  };
+
+  const rateLimit = async function perKeyRateLimit(c: Context<Env>, next: () => Promise<void>) {
+    const identity = c.get("identity");
+    if (identity && keys) {
+      const decision = keys.take(identity);
+      if (!decision.allowed) {
+        throw new Refusal(
+          "rate_limited",
+          `rate limit of this API key exceeded; retry in ${decision.retryAfterSeconds} s`,
+          {
+            retryAfterSeconds: decision.retryAfterSeconds,
+            scope: "request",
+          },
+        );
+      }
+    }
+    await next();
+  };
+
+  // --- liveness, readiness, metrics, admin ---------------------------------------------------
+
+  app.get("/healthz", (c) => c.json({ status: "ok" }));
+
+  app.get("/readyz", (c) => {
+    const ready = scheduler.readyReplicas();
+    if (ready < 1) {
+      // A failing readiness probe is not a refused call: it stays out of the rejection counters.
+      throw leaveUncounted(
+        new Refusal("unavailable", "no healthy replica", { retryAfterSeconds: 1, scope: "fleet" }),
+      );
+    }
+    return c.json({ status: "ready", replicas: ready });
+  });
+
+  const metricsHandler = async (c: Context<Env>) => {
+    const text = await registry.metrics();
+    return c.body(text, 200, { "content-type": registry.contentType });
+  };
+  if (options.protectMetrics) app.get("/metrics", requireAdmin, metricsHandler);
+  else app.get("/metrics", metricsHandler);
+
+  app.get("/v1/admin/state", requireAdmin, (c) => c.json(scheduler.state()));
+  app.get("/dashboard", requireAdmin, (c) => c.html(dashboardHtml));
+
+  // --- models and sessions ---------------------------------------------------------------------
+
+  app.get("/v1/models", requireKey, (c) => {
+    const created = Math.floor(Date.now() / 1000);
+    return c.json({
+      object: "list",
+      data: scheduler.models().map((id) => ({
+        id,
+        object: "model",
+        created,
+        owned_by: "sluice",
+        max_model_len: scheduler.contextWindow(id),
+      })),
+    });
+  });
+
+  app.post("/v1/sessions", requireKey, async (c) => {
+    const text = await readJsonBodyOrEmpty(c.req.raw, bodyLimit);
+    const body = parseBody(openSessionBodySchema, text);
+    const init: OpenSessionInit = {};
+    if (body.id !== undefined) init.id = body.id;
+    if (body.lane !== undefined) init.lane = body.lane;
+    if (body.metadata !== undefined) init.metadata = body.metadata;
+    const view = scheduler.openSession(init);
+    return c.json({ id: view.id, state: view.state }, 201);
+  });
+
+  const sessionView = (view: SessionView) => {
+    const out: Record<string, unknown> = {
+      id: view.id,
+      state: view.state,
+      replica: view.replica,
+      steps: view.steps,
+      tokens: view.tokens,
+    };
+    if (view.lane !== undefined) out.lane = view.lane;
+    if (view.metadata !== undefined) out.metadata = view.metadata;
+    return out;
+  };
+
+  const unknownSession = (id: string) => new Refusal("session_not_found", `no session ${JSON.stringify(id)}`);
+
+  app.get("/v1/sessions/:id", requireKey, (c) => {
+    const id = c.req.param("id") ?? "";
+    const view = scheduler.getSession(id);
+    if (!view) throw unknownSession(id);
+    return c.json(sessionView(view));
+  });
+
+  app.delete("/v1/sessions/:id", requireKey, (c) => {
+    const id = c.req.param("id") ?? "";
+    if (!scheduler.closeSession(id)) throw unknownSession(id);
+    return c.body(null, 204);
+  });
+
+  // --- completions -----------------------------------------------------------------------------
+
+  const complete = async (
+    c: Context<Env>,
+    endpoint: "chat" | "completions",
+    pathSession: string | undefined,
+  ) => {
+    const requestId = c.get("requestId");
+    if (tracker.isDraining) {
+      throw new Refusal("unavailable", "sluice is shutting down; retry on another instance", {
+        retryAfterSeconds: 1,
+        scope: "fleet",
+      });
+    }
+    // Header checks first: they cost nothing and need no body.
+    const declaredLane = declaredLaneOf(c.req.header("x-sluice-lane"));
+    const deadlineMs = deadlineOf(c.req.header("x-sluice-deadline-ms"));
+    let sessionId = pathSession;
+    if (sessionId !== undefined) {
+      const view = scheduler.getSession(sessionId);
+      if (!view || view.state === "closed") throw unknownSession(sessionId);
+    } else {
+      sessionId = sessionKeyOf(c);
+    }
+
+    const json = await readJsonBody(c.req.raw, bodyLimit);
+    const body =
+      endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
+    const models = scheduler.models();
+    if (body.model !== undefined && models.length > 0 && !models.includes(body.model)) {
+      throw new Refusal(
+        "model_not_found",
+        `model ${JSON.stringify(body.model)} is not served here; see GET /v1/models`,
+        {
+          param: "model",
+        },
+      );
+    }
+    const identity = c.get("identity");
+    const maxTokens =
+      (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
+      body.max_tokens ??
+      undefined;
+    const stream = body.stream === true;
+
+    const end = tracker.begin();
+    // Over a real socket a call ends for the tracker only when its response has left (a shutdown that
+    // closes connections right after the last chunk was produced would cut the stream's tail).
+    const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
+    if (outgoing?.closed || outgoing?.destroyed) end();
+    else outgoing?.once("close", end);
+    const signal = AbortSignal.any([c.req.raw.signal, tracker.signal]);
+    const req: CallRequest = {
+      requestId,
+      endpoint,
+      input: endpoint === "chat" ? chatInput(body as ChatBody) : completionInput(body as CompletionBody),
+      stream,
+      body: body as Record<string, unknown>,
+      signal,
+    };
+    if (body.model !== undefined) req.model = body.model;
+    if (maxTokens !== undefined) req.maxTokens = maxTokens;
+    if (sessionId !== undefined) req.sessionId = sessionId;
+    if (declaredLane !== undefined) req.declaredLane = declaredLane;
+    if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
+    if (identity) {
+      req.priority = identity.priority;
+      req.tenant = identity.tenant;
+    }
+
+    let call: AdmittedCall;
+    try {
+      call = await scheduler.submit(req);
+    } catch (err) {
+      if (!outgoing) end();
+      throw leaveUncounted(err);
+    }
+    // A client gone after admission (or a forced shutdown) cancels the call, whatever the scheduler does with it.
+    const onAbort = () => call.cancel();
+    signal.addEventListener("abort", onAbort, { once: true });
+    const finish = () => {
+      signal.removeEventListener("abort", onAbort);
+      if (!outgoing) end();
+    };
+    if (signal.aborted) onAbort();
+
+    const ctx: ResponseContext = {
+      id: `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`,
+      created: Math.floor(Date.now() / 1000),
+      model: body.model ?? models[0] ?? "unknown",
+      endpoint,
+    };
+    const headers: Record<string, string> = {
+      "x-request-id": requestId,
+      "x-sluice-lane": call.lane,
+      "x-sluice-replica": call.replica,
+      "x-sluice-queue-ms": String(Math.round(call.queueMs)),
+    };
+
+    if (stream) {
+      const sse = sseStream({
+        call,
+        ctx,
+        includeUsage: body.stream_options?.include_usage === true,
+        renderError: (err) => renderError(err, requestId).body,
+        onEnd: finish,
+      });
+      return new Response(sse, {
+        status: 200,
+        headers: {
+          ...headers,
+          "content-type": "text/event-stream; charset=utf-8",
+          "cache-control": "no-cache",
+          "x-accel-buffering": "no",
+        },
+      });
+    }
+    try {
+      const payload = await collectCall({ call, ctx });
+      return new Response(JSON.stringify(payload), {
+        status: 200,
+        headers: { ...headers, "content-type": "application/json" },
+      });
+    } catch (err) {
+      // Nothing was sent yet, so the failure can still be an ordinary error response.
+      throw leaveUncounted(asRefusal(err).with({ lane: call.lane }));
+    } finally {
+      finish();
+    }
+  };
+
+  app.post("/v1/chat/completions", requireKey, rateLimit, (c) => complete(c, "chat", undefined));
+  app.post("/v1/completions", requireKey, rateLimit, (c) => complete(c, "completions", undefined));
+  app.post("/v1/sessions/:id/chat/completions", requireKey, rateLimit, (c) =>
+    complete(c, "chat", c.req.param("id") ?? ""),
+  );
+
+  return app;
+}
+
+/** A JSON body that may be absent (`POST /v1/sessions` with no body opens a session with defaults). */
+async function readJsonBodyOrEmpty(request: Request, limitBytes: number): Promise<unknown> {
+  if (request.headers.get("content-length") === "0" || !request.body) return {};
+  try {
+    return await readJsonBody(request, limitBytes);
+  } catch (err) {
+    if (err instanceof Refusal && err.message.startsWith("request body is empty")) return {};
+    throw err;
+  }
+}

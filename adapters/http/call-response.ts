@@ -1,0 +1,112 @@
+/** @module Turns an admitted call into an HTTP response: an SSE stream without buffering, or one JSON body. */
+
+import type { EngineResult } from "../../src/engine.js";
+import type { AdmittedCall } from "../../src/types.js";
+import {
+  completionBody,
+  deltaChunk,
+  finishChunk,
+  isDoneEvent,
+  type ResponseContext,
+  SSE_DONE,
+  sseData,
+  sseEvent,
+  usageChunk,
+} from "./openai-format.js";
+
+/** Options shared by both response kinds. */
+export interface CallResponseOptions {
+  call: AdmittedCall;
+  ctx: ResponseContext;
+  /** `stream_options.include_usage`: end the stream with a usage chunk. */
+  includeUsage: boolean;
+  /** Renders a failure as the SPEC 8 envelope (the one mapping of errors). */
+  renderError: (err: unknown) => unknown;
+  /** Runs once when the response is over, however it ended. */
+  onEnd: () => void;
+}
+
+/**
+ * The SSE body of a streaming call. Chunks are pulled from the call only as
+ * the client reads, so nothing piles up in sluice. Upstream SSE bytes
+ * (`chunk.raw`) are written untouched, except the upstream's own `[DONE]`:
+ * sluice writes exactly one, last, after an `event: error` if the engine
+ * failed mid-stream. A client that goes away cancels the call at once.
+ */
+export function sseStream(options: CallResponseOptions): ReadableStream<Uint8Array> {
+  const { call, ctx, includeUsage, renderError, onEnd } = options;
+  const iterator = call[Symbol.asyncIterator]();
+  // The outcome is read through iteration; this only keeps a failure from going unhandled.
+  call.result.catch(() => {});
+  let first = true;
+  let sawRaw = false;
+  let ended = false;
+
+  const end = (controller: ReadableStreamDefaultController<Uint8Array> | undefined) => {
+    if (ended) return;
+    ended = true;
+    if (controller) {
+      controller.enqueue(SSE_DONE);
+      controller.close();
+    }
+    onEnd();
+  };
+
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      if (ended) return;
+      try {
+        // Loop until something is written: a pull that enqueues nothing would stall the reader.
+        for (;;) {
+          const next = await iterator.next();
+          if (ended) return;
+          if (next.done) {
+            if (!sawRaw) {
+              const result: EngineResult = await call.result;
+              if (ended) return;
+              controller.enqueue(sseData(finishChunk(ctx, result.finishReason)));
+              if (includeUsage) controller.enqueue(sseData(usageChunk(ctx, result)));
+            }
+            end(controller);
+            return;
+          }
+          const chunk = next.value;
+          if (chunk.raw) {
+            sawRaw = true;
+            if (isDoneEvent(chunk.raw)) continue;
+            controller.enqueue(chunk.raw);
+            return;
+          }
+          if (chunk.text === "" && !first) continue;
+          controller.enqueue(sseData(deltaChunk(ctx, chunk.text, first)));
+          first = false;
+          return;
+        }
+      } catch (err) {
+        if (ended) return;
+        // Headers and 200 are gone already: the failure travels inside the stream.
+        controller.enqueue(sseEvent("error", renderError(err)));
+        end(controller);
+      }
+    },
+    cancel() {
+      if (ended) return;
+      ended = true;
+      call.cancel();
+      void iterator.return?.()?.catch(() => {});
+      onEnd();
+    },
+  });
+}
+
+/** Reads a non-streaming call to its end and builds the OpenAI JSON body. Throws when the engine failed. */
+export async function collectCall(
+  options: Pick<CallResponseOptions, "call" | "ctx">,
+): Promise<Record<string, unknown>> {
+  const { call, ctx } = options;
+  call.result.catch(() => {});
+  let text = "";
+  for await (const chunk of call) text += chunk.text;
+  const result = await call.result;
+  return completionBody(ctx, text, result);
+}

@@ -1,0 +1,91 @@
+/** @module Request bodies of the HTTP API, checked with zod and turned into readable `invalid_request` refusals. */
+
+import { z } from "zod";
+import { Refusal } from "../../src/errors.js";
+
+const tokenCount = z.number().int().positive();
+
+const contentPart = z.looseObject({ type: z.string() });
+
+const chatMessage = z.looseObject({
+  role: z.string().min(1),
+  content: z.union([z.string(), z.array(contentPart), z.null()]).optional(),
+  name: z.string().optional(),
+  tool_call_id: z.string().optional(),
+  tool_calls: z.array(z.unknown()).optional(),
+});
+
+// Fields sluice itself reads; everything else passes through to the engine untouched.
+const common = {
+  model: z.string().min(1).optional(),
+  max_tokens: tokenCount.nullish(),
+  stream: z.boolean().nullish(),
+  stream_options: z.looseObject({ include_usage: z.boolean().nullish() }).nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().gt(0).max(1).nullish(),
+  // Several choices per call would make a reservation of `max_tokens` a lie.
+  n: z.literal(1, "only n = 1 is supported").nullish(),
+};
+
+/** `POST /v1/chat/completions` body (OpenAI-compatible; unknown fields are forwarded). */
+export const chatBodySchema = z.looseObject({
+  ...common,
+  messages: z.array(chatMessage).min(1, "messages must not be empty"),
+  max_completion_tokens: tokenCount.nullish(),
+});
+
+/** `POST /v1/completions` body; one prompt per call (text, or token ids). */
+export const completionBodySchema = z.looseObject({
+  ...common,
+  prompt: z.union([
+    z.string(),
+    z.array(z.string()).length(1, "batched prompts are not supported; send one prompt per call"),
+    z.array(z.number().int().nonnegative()).min(1),
+    z.array(z.array(z.number().int().nonnegative()).min(1)).length(1, "batched prompts are not supported"),
+  ]),
+});
+
+/** `POST /v1/sessions` body. */
+export const openSessionBodySchema = z.strictObject({
+  id: z
+    .string()
+    .min(1)
+    .max(128)
+    .regex(/^[\x21-\x7e]+$/, "a session id is printable ASCII without spaces")
+    .optional(),
+  lane: z.enum(["interactive", "bulk"]).optional(),
+  metadata: z.record(z.string(), z.unknown()).optional(),
+});
+
+export type ChatBody = z.output<typeof chatBodySchema>;
+export type CompletionBody = z.output<typeof completionBodySchema>;
+export type OpenSessionBody = z.output<typeof openSessionBodySchema>;
+
+/** Renders a zod path as `messages[0].role`. */
+export function formatPath(path: readonly PropertyKey[]): string {
+  let out = "";
+  for (const key of path) {
+    if (typeof key === "number") out += `[${key}]`;
+    else out += out ? `.${String(key)}` : String(key);
+  }
+  return out;
+}
+
+/**
+ * Checks a parsed JSON body against a schema. Throws `invalid_request` (400)
+ * whose `param` is the first offending field's path and whose message lists
+ * every issue as `path: message` — never zod's raw dump.
+ */
+export function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.output<S> {
+  const result = schema.safeParse(body);
+  if (result.success) return result.data;
+  const issues = result.error.issues;
+  const lines = issues.slice(0, 8).map((issue) => {
+    const path = formatPath(issue.path);
+    return path ? `${path}: ${issue.message}` : issue.message;
+  });
+  if (issues.length > lines.length) lines.push(`and ${issues.length - lines.length} more`);
+  const first = issues[0];
+  const param = first && first.path.length > 0 ? formatPath(first.path) : null;
+  throw new Refusal("invalid_request", `invalid request body: ${lines.join("; ")}`, { param });
+}

@@ -1,0 +1,332 @@
+/** @module Prometheus metrics of SPEC 12 on an injected registry: gauges read from snapshots, counters fed by scheduler events. */
+
+import { Counter, collectDefaultMetrics, Gauge, Histogram, type Registry } from "prom-client";
+import type { AdminState, LaneClass, OverloadStage, SchedulerEvents } from "../../src/types.js";
+import { registerGateMetrics } from "./gate-metrics.js";
+
+/** What the metrics need from the scheduler. */
+export interface MetricsScheduler {
+  state(): AdminState;
+  addEvents(events: SchedulerEvents): void;
+  gates(): ReturnType<Parameters<typeof registerGateMetrics>[1]>;
+}
+
+/** Metrics registered on one registry, and the hooks that feed them. */
+export interface SluiceMetrics {
+  readonly registry: Registry;
+  /** The hooks attached to the scheduler (exposed so other transports can feed the same counters). */
+  readonly events: SchedulerEvents;
+  /** Counts a refusal decided outside the scheduler (authentication, body, schema, rate limit). */
+  recordRefusal(e: { reason: string; lane: LaneClass | undefined; status: number }): void;
+}
+
+/** Options of `createMetrics`. */
+export interface MetricsOptions {
+  /** Also register Node's process metrics (`process_*`, `nodejs_*`). Default true. */
+  defaultMetrics?: boolean;
+  /** Prefix for the default metrics. Default none. */
+  defaultMetricsPrefix?: string;
+}
+
+/** Token-count buckets: powers of two from 64 to 256k tokens. */
+export const TOKEN_BUCKETS: readonly number[] = Array.from({ length: 13 }, (_, i) => 64 * 2 ** i);
+/** Latency buckets in seconds, from 5 ms to 10 min. */
+export const SECONDS_BUCKETS: readonly number[] = [
+  0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+];
+/** Inter-token gap buckets in seconds, from 1 ms to 2 s. */
+export const INTER_TOKEN_BUCKETS: readonly number[] = [
+  0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2,
+];
+
+const STAGE_NUMBER: Record<OverloadStage, number> = { normal: 0, bulk_paused: 1, shedding: 2 };
+const LANES = ["interactive", "bulk"] as const;
+const OUTCOMES = ["ok", "error", "cancelled"] as const;
+const ROUTE_REASONS = ["pinned", "prefix", "load", "affinity_break"] as const;
+
+/** Label value for a refusal that happened before the call had a lane. */
+const NO_LANE = "none";
+
+/**
+ * Registers every SPEC 12 metric (and the gate metrics) on `registry` and
+ * attaches event hooks to the scheduler. Per-replica gauges are read from one
+ * `scheduler.state()` per scrape. Labels are bounded: replica ids, lanes,
+ * reasons, outcomes; never a session or request id.
+ */
+export function createMetrics(
+  registry: Registry,
+  scheduler: MetricsScheduler,
+  options: MetricsOptions = {},
+): SluiceMetrics {
+  if (options.defaultMetrics ?? true) {
+    collectDefaultMetrics({
+      register: registry,
+      ...(options.defaultMetricsPrefix ? { prefix: options.defaultMetricsPrefix } : {}),
+    });
+  }
+  registerGateMetrics(registry, () => scheduler.gates());
+
+  // One snapshot per scrape: each gauge's collect() reads it; it is dropped once the scrape's microtasks are done.
+  let cached: AdminState | undefined;
+  const snapshot = (): AdminState => {
+    if (!cached) {
+      cached = scheduler.state();
+      setImmediate(() => {
+        cached = undefined;
+      });
+    }
+    return cached;
+  };
+
+  const perReplica = (
+    name: string,
+    help: string,
+    read: (r: AdminState["replicas"][number]) => number | null,
+  ) =>
+    new Gauge({
+      name,
+      help,
+      labelNames: ["replica"],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const replica of snapshot().replicas) {
+          const value = read(replica);
+          if (value !== null && Number.isFinite(value)) this.set({ replica: replica.id }, value);
+        }
+      },
+    });
+
+  perReplica(
+    "sluice_session_window",
+    "Session window size W per replica (AIMD); absent when the policy has no window.",
+    (r) => r.window.size,
+  );
+  perReplica(
+    "sluice_sessions_active",
+    "Active sessions per replica (running a step or idle between steps).",
+    (r) => r.window.active,
+  );
+  perReplica(
+    "sluice_sessions_paused",
+    "Sessions paused per replica because the window shrank.",
+    (r) => r.window.paused,
+  );
+  perReplica(
+    "sluice_sessions_waiting",
+    "Sessions waiting for room in a replica's window.",
+    (r) => r.window.waiting,
+  );
+  perReplica(
+    "sluice_replica_kv_usage",
+    "KV cache usage of a replica (0-1), excluding evictable cache.",
+    (r) => r.signals.kvUsage,
+  );
+  perReplica(
+    "sluice_replica_prefix_hit_rate",
+    "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1).",
+    (r) => r.signals.hitRate,
+  );
+  perReplica("sluice_replica_healthy", "1 when the replica's signals are fresh and it is reachable.", (r) =>
+    r.healthy ? 1 : 0,
+  );
+  perReplica(
+    "sluice_replica_busy",
+    "1 while a worker-wide gate rejection keeps new calls away (1 s).",
+    (r) => (r.busy ? 1 : 0),
+  );
+  perReplica("sluice_replica_signal_age_seconds", "Age of the replica's latest signals, seconds.", (r) =>
+    r.signals.ageMs >= 0 ? r.signals.ageMs / 1000 : null,
+  );
+  perReplica(
+    "sluice_replica_running_requests",
+    "Calls the engine reports running.",
+    (r) => r.signals.running,
+  );
+  perReplica(
+    "sluice_replica_waiting_requests",
+    "Calls the engine reports waiting.",
+    (r) => r.signals.waiting,
+  );
+  perReplica(
+    "sluice_replica_token_ceiling",
+    "Token budget ceiling of a replica, tokens.",
+    (r) => r.budget.ceilingTokens,
+  );
+  perReplica(
+    "sluice_replica_reserved_tokens",
+    "Tokens reserved by active and queued calls on a replica.",
+    (r) => r.budget.reservedTokens,
+  );
+  perReplica(
+    "sluice_replica_available_tokens",
+    "Tokens still reservable on a replica (ceiling - reserved - guard band).",
+    (r) => r.budget.availableTokens,
+  );
+  perReplica(
+    "sluice_queued_prefill_tokens",
+    "Prefill tokens of calls queued for a replica.",
+    (r) => r.queuedPrefillTokens,
+  );
+  perReplica(
+    "sluice_inflight_prefill_tokens",
+    "Prefill tokens of admitted calls not yet past their first token.",
+    (r) => r.inflightPrefillTokens,
+  );
+
+  new Gauge({
+    name: "sluice_queue_oldest_age_seconds",
+    help: "Age of the oldest queued call per lane (max over replicas), seconds.",
+    labelNames: ["lane"],
+    registers: [registry],
+    collect() {
+      const state = snapshot();
+      for (const lane of LANES) {
+        let oldest = 0;
+        for (const replica of state.replicas)
+          oldest = Math.max(oldest, replica.lanes[lane]?.oldestAgeMs ?? 0);
+        this.set({ lane }, oldest / 1000);
+      }
+    },
+  });
+  new Gauge({
+    name: "sluice_queue_depth",
+    help: "Calls queued per lane (sum over replicas).",
+    labelNames: ["lane"],
+    registers: [registry],
+    collect() {
+      const state = snapshot();
+      for (const lane of LANES) {
+        let queued = 0;
+        for (const replica of state.replicas) queued += replica.lanes[lane]?.queued ?? 0;
+        this.set({ lane }, queued);
+      }
+    },
+  });
+  new Gauge({
+    name: "sluice_overload_stage",
+    help: "Overload stage: 0 normal, 1 bulk_paused, 2 shedding.",
+    registers: [registry],
+    collect() {
+      this.set(STAGE_NUMBER[snapshot().stage] ?? 0);
+    },
+  });
+  new Gauge({
+    name: "sluice_sessions",
+    help: "Sessions known to the scheduler by state (fleet-wide).",
+    labelNames: ["state"],
+    registers: [registry],
+    collect() {
+      const sessions = snapshot().sessions;
+      this.set({ state: "waiting" }, sessions.waiting);
+      this.set({ state: "active" }, sessions.active);
+      this.set({ state: "paused" }, sessions.paused);
+    },
+  });
+
+  const routeDecisions = new Counter({
+    name: "sluice_route_decisions_total",
+    help: "Routing decisions by reason.",
+    labelNames: ["reason"],
+    registers: [registry],
+  });
+  for (const reason of ROUTE_REASONS) routeDecisions.inc({ reason }, 0);
+  const predictedHit = new Counter({
+    name: "sluice_route_predicted_hit_tokens_total",
+    help: "Prompt tokens the router predicted to be cached on the chosen replica.",
+    registers: [registry],
+  });
+  const promptTokens = new Counter({
+    name: "sluice_route_prompt_tokens_total",
+    help: "Prompt tokens of routed calls.",
+    registers: [registry],
+  });
+  const requests = new Counter({
+    name: "sluice_requests_total",
+    help: "Calls by lane and outcome (ok, error, cancelled, rejected).",
+    labelNames: ["lane", "outcome"],
+    registers: [registry],
+  });
+  for (const lane of LANES) for (const outcome of OUTCOMES) requests.inc({ lane, outcome }, 0);
+  const rejections = new Counter({
+    name: "sluice_rejections_total",
+    help: "Refusals by reason and lane (lane 'none' when refused before classification).",
+    labelNames: ["reason", "lane"],
+    registers: [registry],
+  });
+  const inputTokens = new Histogram({
+    name: "sluice_input_tokens",
+    help: "Input tokens per call, by lane.",
+    labelNames: ["lane"],
+    buckets: [...TOKEN_BUCKETS],
+    registers: [registry],
+  });
+  const outputTokens = new Histogram({
+    name: "sluice_requested_output_tokens",
+    help: "Requested output tokens (max_tokens, or the default) per call, by lane.",
+    labelNames: ["lane"],
+    buckets: [...TOKEN_BUCKETS],
+    registers: [registry],
+  });
+  const queueWait = new Histogram({
+    name: "sluice_queue_wait_seconds",
+    help: "Time an admitted call waited for admission (session window and gate queue), seconds.",
+    labelNames: ["lane"],
+    buckets: [...SECONDS_BUCKETS],
+    registers: [registry],
+  });
+  const ttft = new Histogram({
+    name: "sluice_time_to_first_token_seconds",
+    help: "Time to first token from arrival at sluice, seconds.",
+    labelNames: ["lane"],
+    buckets: [...SECONDS_BUCKETS],
+    registers: [registry],
+  });
+  const interToken = new Histogram({
+    name: "sluice_inter_token_seconds",
+    help: "Mean gap between generated tokens of a finished call (one observation per call), seconds.",
+    labelNames: ["lane"],
+    buckets: [...INTER_TOKEN_BUCKETS],
+    registers: [registry],
+  });
+  for (const lane of LANES) {
+    for (const histogram of [inputTokens, outputTokens, queueWait, ttft, interToken])
+      histogram.zero({ lane });
+  }
+
+  const recordRefusal = (e: { reason: string; lane: LaneClass | undefined }) => {
+    const lane = e.lane ?? NO_LANE;
+    rejections.inc({ reason: e.reason, lane });
+    requests.inc({ lane, outcome: "rejected" });
+  };
+
+  const events: SchedulerEvents = {
+    arrival(e) {
+      inputTokens.observe({ lane: e.lane }, e.inputTokens);
+      outputTokens.observe({ lane: e.lane }, e.maxTokens);
+    },
+    refusal(e) {
+      recordRefusal(e);
+    },
+    route(e) {
+      routeDecisions.inc({ reason: e.reason });
+      predictedHit.inc(Math.max(0, e.predictedHitTokens));
+      promptTokens.inc(Math.max(0, e.promptTokens));
+    },
+    admitted(e) {
+      queueWait.observe({ lane: e.lane }, Math.max(0, e.queueWaitMs) / 1000);
+    },
+    firstToken(e) {
+      ttft.observe({ lane: e.lane }, Math.max(0, e.ttftMs) / 1000);
+    },
+    interToken(e) {
+      interToken.observe({ lane: e.lane }, Math.max(0, e.meanGapMs) / 1000);
+    },
+    finished(e) {
+      requests.inc({ lane: e.lane, outcome: e.outcome });
+    },
+  };
+  scheduler.addEvents(events);
+
+  return { registry, events, recordRefusal };
+}

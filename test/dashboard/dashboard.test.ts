@@ -1,0 +1,133 @@
+/** @module The live dashboard in real headless Chromium: charts drawn from `/v1/admin/state` and updating under load. */
+
+import assert from "node:assert/strict";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { type Browser, chromium } from "playwright-core";
+import { type RunningServer, startServer } from "../../adapters/cli/serve.js";
+
+const CHROMIUM = "/usr/bin/chromium";
+const ARTIFACTS = fileURLToPath(new URL("../artifacts/", import.meta.url));
+const PANELS = [
+  "panel-kv",
+  "panel-hit",
+  "panel-window",
+  "panel-gate",
+  "panel-lanes",
+  "panel-refusals",
+  "panel-stage",
+];
+
+let server: RunningServer;
+let browser: Browser;
+let loadRunning = true;
+const load: Promise<void>[] = [];
+
+async function agent(url: string, id: string, model: string): Promise<void> {
+  const messages: { role: string; content: string }[] = [
+    { role: "system", content: "You are a coding agent working through a repository. ".repeat(60) },
+  ];
+  for (let step = 0; loadRunning && step < 200; step++) {
+    messages.push({ role: "user", content: `tool output ${step}: ${"line of build log ".repeat(40)}` });
+    const response = await fetch(`${url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-session-id": id },
+      body: JSON.stringify({ model, messages, max_tokens: 24, stream: true }),
+    });
+    const text = await response.text();
+    if (response.ok)
+      messages.push({ role: "assistant", content: `step ${step} done (${text.length} bytes)` });
+  }
+  await fetch(`${url}/v1/sessions/${id}`, { method: "DELETE" });
+}
+
+before(async () => {
+  server = await startServer({
+    port: 0,
+    host: "127.0.0.1",
+    simReplicas: 2,
+    // A small KV cache so the agents' contexts move the KV usage line visibly.
+    simPreset: { base: "h100-llama3-8b", kvCapacityTokens: 60_000, c0: 4 },
+    config: { sessions: { controlIntervalMs: 250 } },
+    dashboardPollMs: 250,
+    log: () => {},
+  });
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+      "--disable-sync",
+    ],
+  });
+});
+
+after(async () => {
+  loadRunning = false;
+  await Promise.allSettled(load);
+  await browser?.close();
+  await server?.close();
+});
+
+test("the dashboard draws every chart from live state and keeps updating while load runs", async () => {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 1500 } });
+  const pageErrors: string[] = [];
+  const foreign: string[] = [];
+  page.on("pageerror", (err) => pageErrors.push(err.message));
+  page.on("request", (req) => {
+    if (!req.url().startsWith(server.url)) foreign.push(req.url());
+  });
+
+  const model = server.scheduler.models()[0]!;
+  for (let i = 0; i < 6; i++) load.push(agent(server.url, `dash-agent-${i}`, model));
+  // A refusal the scheduler decides, so the refusal chart has a reason to draw.
+  const refused = await fetch(`${server.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 10_000_000 }),
+  });
+  assert.equal(refused.status, 413);
+
+  await page.goto(`${server.url}/dashboard`);
+  await page.waitForFunction(() => Number(document.body.dataset.samples) >= 4, undefined, {
+    timeout: 20_000,
+  });
+
+  for (const id of PANELS) {
+    const points = await page.getAttribute(`#${id} svg.chart`, "data-points");
+    assert.ok(Number(points) > 0, `${id} drew no points`);
+  }
+  assert.equal(await page.locator("#panel-kv svg.chart line.threshold").count(), 2, "U_low and U_high lines");
+  assert.equal(await page.locator("#panel-hit svg.chart line.threshold").count(), 1, "H_low line");
+  assert.equal(await page.locator("#panel-kv svg.chart path.series").count(), 2, "one KV line per replica");
+  assert.match((await page.textContent("#panel-refusals .legend")) ?? "", /context_limit \(\d+ total\)/);
+  assert.match((await page.textContent("#stage")) ?? "", /stage: normal/);
+  assert.equal(await page.locator("#replica-table tr").count(), 3, "header and one row per replica");
+
+  const kvBefore = await page.getAttribute("#panel-kv path.series", "d");
+  const samplesBefore = Number(await page.getAttribute("body", "data-samples"));
+  await page.waitForFunction((n) => Number(document.body.dataset.samples) >= n + 3, samplesBefore, {
+    timeout: 20_000,
+  });
+  const kvAfter = await page.getAttribute("#panel-kv path.series", "d");
+  assert.notEqual(kvAfter, kvBefore, "the KV chart updates as samples arrive");
+  const activeSeen = await page.evaluate(() =>
+    Array.from(document.querySelectorAll("#replica-table td:nth-child(6)")).some(
+      (td) => Number(td.textContent) > 0,
+    ),
+  );
+  assert.ok(activeSeen, "sessions are shown active while agents run");
+
+  mkdirSync(ARTIFACTS, { recursive: true });
+  writeFileSync(`${ARTIFACTS}.gitignore`, "*\n");
+  await page.screenshot({ path: `${ARTIFACTS}dashboard.png`, fullPage: true });
+
+  assert.deepEqual(pageErrors, [], "the page threw");
+  assert.deepEqual(foreign, [], "the page fetched something from elsewhere");
+  await page.close();
+});
