@@ -441,7 +441,7 @@ export class Scheduler {
         reservation = replica.budget.reserveOrRefuse(tokens.length + maxTokens, {
           queued: true,
           lane,
-          retryAfterSeconds: replica.drainSeconds(replica.running),
+          retryAfterSeconds: budgetRetryAfter(replica, tokens.length + maxTokens),
         });
       }
       if (this.policy === "sluice") {
@@ -481,7 +481,8 @@ export class Scheduler {
       reservation?.activate();
       const admittedAt = this.clock.now();
       const queueMs = admittedAt - startedAt;
-      if (lane === "interactive") this.overload?.recordQueueAge(queueMs);
+      // The overload signal is time queued at the gate; a session waiting for its window is the window working.
+      if (lane === "interactive") this.overload?.recordQueueAge(permit?.queueMs ?? 0);
       this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
       replica.inflightPrefillTokens += uncached;
       inflightPrefill = uncached;
@@ -872,6 +873,20 @@ export class Scheduler {
   private newSessionId(): string {
     return `sess-${globalThis.crypto.randomUUID()}`;
   }
+}
+
+/**
+ * Retry-After for a call the token budget cannot hold now: the calls that must
+ * finish to free its deficit (at the mean reservation size), drained at the
+ * measured completion rate.
+ */
+function budgetRetryAfter(replica: ReplicaRuntime, needed: number): number {
+  const budget = replica.budget;
+  if (!budget) return 1;
+  const reserved = budget.reservedActive + budget.reservedQueued;
+  const meanReservation = budget.outstanding > 0 ? reserved / budget.outstanding : needed;
+  const callsToFinish = Math.max(1, Math.ceil((needed - budget.available()) / Math.max(1, meanReservation)));
+  return replica.drainSeconds(callsToFinish - 1);
 }
 
 function clampWindow(size: number, config: SchedulerConfig): number {
