@@ -1,0 +1,35 @@
+/** @module SPEC 13's `--json` document as a zod schema, so a results file can be checked by anyone who reads it. */
+
+import { z } from "zod";
+
+const nonNegative = z.number().finite().nonnegative();
+
+/** One `results` entry: exactly SPEC 13's fields. */
+export const resultRowSchema = z.strictObject({
+  policy: z.enum(["rr", "gate", "gate-prefix", "sluice", "bound"]),
+  load: z.number().positive(),
+  makespan_s: nonNegative,
+  goodput_rps: nonNegative,
+  slo_attainment: z.number().min(0).max(1),
+  throughput_tokens_per_s: nonNegative,
+  prefix_hit_rate: z.number().min(0).max(1),
+  recomputed_tokens: z.number().int().nonnegative(),
+  preemptions: z.number().int().nonnegative(),
+  ttft_p50_s: nonNegative,
+  ttft_p99_s: nonNegative,
+  tpot_p50_s: nonNegative,
+  tpot_p99_s: nonNegative,
+  completed: z.number().int().nonnegative(),
+  rejected: z.record(z.string(), z.number().int().positive()),
+});
+
+/** The whole document; `details` is ours (per-run wall time, leaks, per-lane numbers). */
+export const benchOutputSchema = z.object({
+  workload: z.string().min(1),
+  replicas: z.number().int().positive(),
+  preset: z.string().min(1),
+  results: z.array(resultRowSchema).min(1),
+  details: z.array(z.record(z.string(), z.unknown())).optional(),
+});
+
+export type BenchOutputJson = z.output<typeof benchOutputSchema>;

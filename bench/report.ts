@@ -1,0 +1,279 @@
+/** @module Benchmark outputs: the text table, the self-contained HTML report, and the README chart. */
+
+import type { BenchReport, ResultRow, Sample } from "./run.js";
+import { quantileSorted } from "./stats.js";
+import { barChart, colourOf, downsample, escapeXml, fmtNumber, lineChart } from "./svg.js";
+
+const TABLE_COLUMNS: { title: string; value: (row: ResultRow) => string }[] = [
+  { title: "policy", value: (r) => r.policy },
+  { title: "load", value: (r) => String(r.load) },
+  { title: "makespan s", value: (r) => r.makespan_s.toFixed(1) },
+  { title: "goodput/s", value: (r) => r.goodput_rps.toFixed(3) },
+  { title: "SLO", value: (r) => r.slo_attainment.toFixed(3) },
+  { title: "tok/s", value: (r) => r.throughput_tokens_per_s.toFixed(0) },
+  { title: "hit rate", value: (r) => r.prefix_hit_rate.toFixed(3) },
+  { title: "recomp tok", value: (r) => String(r.recomputed_tokens) },
+  { title: "preempt", value: (r) => String(r.preemptions) },
+  { title: "TTFT p50", value: (r) => r.ttft_p50_s.toFixed(3) },
+  { title: "TTFT p99", value: (r) => r.ttft_p99_s.toFixed(3) },
+  { title: "TPOT p50", value: (r) => r.tpot_p50_s.toFixed(4) },
+  { title: "TPOT p99", value: (r) => r.tpot_p99_s.toFixed(4) },
+  { title: "done", value: (r) => String(r.completed) },
+  {
+    title: "rejected",
+    value: (r) =>
+      Object.entries(r.rejected)
+        .map(([reason, n]) => `${reason}:${n}`)
+        .join(" ") || "-",
+  },
+];
+
+/** The results as an aligned plain-text table (stdout). */
+export function renderTable(rows: readonly ResultRow[]): string {
+  const cells = [
+    TABLE_COLUMNS.map((c) => c.title),
+    ...rows.map((row) => TABLE_COLUMNS.map((c) => c.value(row))),
+  ];
+  const widths = TABLE_COLUMNS.map((_, i) => Math.max(...cells.map((line) => line[i]!.length)));
+  return cells
+    .map((line) =>
+      line
+        .map((cell, i) =>
+          i === 0 || i === line.length - 1 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!),
+        )
+        .join("  ")
+        .trimEnd(),
+    )
+    .join("\n");
+}
+
+function policiesOf(report: BenchReport): string[] {
+  return [...new Set(report.output.results.map((r) => r.policy))];
+}
+
+function loadsOf(report: BenchReport): number[] {
+  return [...new Set(report.output.results.map((r) => r.load))];
+}
+
+function cellOf(report: BenchReport, policy: string, load: number, key: keyof ResultRow): number | null {
+  const row = report.output.results.find((r) => r.policy === policy && r.load === load);
+  const value = row?.[key];
+  return typeof value === "number" ? value : null;
+}
+
+/**
+ * The main chart: makespan per policy (bars, one per load) with the lower
+ * bound as a dashed line when there is one load. Standalone SVG, for the README.
+ */
+export function mainChartSvg(report: BenchReport): string {
+  const loads = loadsOf(report);
+  const policies = policiesOf(report).filter((p) => loads.length > 1 || p !== "bound");
+  const bound = loads.length === 1 ? cellOf(report, "bound", loads[0]!, "makespan_s") : null;
+  return barChart({
+    title: `${report.output.workload}: makespan on ${report.output.replicas} × ${report.output.preset} (lower is better)`,
+    yLabel: "makespan, s",
+    categories: policies,
+    colourByCategory: true,
+    series: loads.map((load) => ({
+      name: `load ${load}`,
+      values: policies.map((p) => cellOf(report, p, load, "makespan_s")),
+    })),
+    ...(bound !== null ? { reference: { value: bound, label: `lower bound ${fmtNumber(bound)} s` } } : {}),
+  });
+}
+
+function goodputChart(report: BenchReport): string {
+  const loads = loadsOf(report);
+  const policies = policiesOf(report).filter((p) => p !== "bound");
+  return barChart({
+    title: "goodput (calls meeting their SLO per second; higher is better)",
+    yLabel: "goodput, calls/s",
+    categories: policies,
+    colourByCategory: true,
+    series: loads.map((load) => ({
+      name: `load ${load}`,
+      values: policies.map((p) => cellOf(report, p, load, "goodput_rps")),
+    })),
+  });
+}
+
+function goodputVsLoad(report: BenchReport): string {
+  const loads = loadsOf(report);
+  return lineChart({
+    title: "goodput against offered load",
+    xLabel: "offered load (× the workload's base rate)",
+    yLabel: "goodput, calls/s",
+    markers: true,
+    series: policiesOf(report)
+      .filter((p) => p !== "bound")
+      .map((policy) => ({
+        name: policy,
+        points: loads
+          .map((load): [number, number | null] => [load, cellOf(report, policy, load, "goodput_rps")])
+          .filter((p): p is [number, number] => p[1] !== null),
+      })),
+  });
+}
+
+/** Token-weighted hit rate over a sliding window of `span` samples. */
+export function hitRateSeries(samples: readonly Sample[], span = 10): [number, number][] {
+  const out: [number, number][] = [];
+  for (let i = 1; i < samples.length; i++) {
+    const from = samples[Math.max(0, i - span)]!;
+    const to = samples[i]!;
+    const queries = to.queries - from.queries;
+    if (queries > 0) out.push([to.t, (to.hits - from.hits) / queries]);
+  }
+  return out;
+}
+
+function timeCharts(report: BenchReport, load: number): string {
+  const runs = report.runs.filter((r) => r.load === load);
+  const hit = lineChart({
+    title: `prefix-cache hit rate over time (10 s window), load ${load}`,
+    xLabel: "virtual time, s",
+    yLabel: "hit rate",
+    yMax: 1,
+    series: runs.map(({ policy, run }) => ({
+      name: policy,
+      points: downsample(hitRateSeries(run.samples), 400),
+    })),
+  });
+  const windowed = runs.filter(({ run }) => run.samples.some((s) => s.window !== null));
+  const windowSeries = windowed.flatMap(({ policy, run }) => [
+    {
+      name: `${policy} window`,
+      colour: colourOf(policy),
+      points: downsample(
+        run.samples.filter((s) => s.window !== null).map((s): [number, number] => [s.t, s.window!]),
+        400,
+      ),
+    },
+    {
+      name: `${policy} active sessions`,
+      colour: colourOf(policy),
+      dashed: true,
+      points: downsample(
+        run.samples.map((s): [number, number] => [s.t, s.activeSessions]),
+        400,
+      ),
+    },
+  ]);
+  const windowChart =
+    windowSeries.length > 0
+      ? lineChart({
+          title: `session window (sum over replicas) and active sessions, load ${load}`,
+          xLabel: "virtual time, s",
+          yLabel: "sessions",
+          series: windowSeries,
+        })
+      : "";
+  const kv = lineChart({
+    title: `mean KV usage over time, load ${load}`,
+    xLabel: "virtual time, s",
+    yLabel: "KV usage",
+    yMax: 1,
+    series: runs.map(({ policy, run }) => ({
+      name: policy,
+      points: downsample(
+        run.samples.map((s): [number, number] => [s.t, s.kvUsage]),
+        400,
+      ),
+    })),
+  });
+  return hit + windowChart + kv;
+}
+
+function ttftChart(report: BenchReport, load: number): string {
+  const runs = report.runs.filter((r) => r.load === load);
+  return lineChart({
+    title: `TTFT distribution (CDF), load ${load}`,
+    xLabel: "time to first token, s (log scale)",
+    yLabel: "fraction of calls",
+    yMax: 1,
+    logX: true,
+    series: runs.map(({ policy, run }) => {
+      const sorted = [...run.ttftS].sort((a, b) => a - b);
+      const points: [number, number][] = [];
+      const n = Math.min(200, sorted.length);
+      for (let i = 1; i <= n; i++) {
+        const p = i / n;
+        points.push([Math.max(1e-3, quantileSorted(sorted, p)), p]);
+      }
+      return { name: policy, points };
+    }),
+  });
+}
+
+function htmlTable(report: BenchReport): string {
+  const head = TABLE_COLUMNS.map((c) => `<th>${escapeXml(c.title)}</th>`).join("");
+  const rows = report.output.results
+    .map((row) => `<tr>${TABLE_COLUMNS.map((c) => `<td>${escapeXml(c.value(row))}</td>`).join("")}</tr>`)
+    .join("\n");
+  return `<table><thead><tr>${head}</tr></thead><tbody>${rows}</tbody></table>`;
+}
+
+function groupTable(report: BenchReport): string {
+  const lines: string[] = [];
+  for (const { policy, load, run } of report.runs) {
+    for (const [group, g] of Object.entries(run.groups)) {
+      lines.push(
+        `<tr><td>${escapeXml(policy)}</td><td>${load}</td><td>${escapeXml(group)}</td><td>${g.offered}</td>` +
+          `<td>${g.completed}</td><td>${g.met_slo}</td><td>${g.slo_attainment}</td><td>${g.goodput_rps}</td>` +
+          `<td>${g.ttft_p50_s}</td><td>${g.ttft_p99_s}</td><td>${g.tpot_p99_s}</td><td>${g.rejected}</td></tr>`,
+      );
+    }
+  }
+  return (
+    "<table><thead><tr><th>policy</th><th>load</th><th>group</th><th>offered</th><th>completed</th>" +
+    "<th>met SLO</th><th>SLO</th><th>goodput/s</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th>" +
+    `<th>refused</th></tr></thead><tbody>${lines.join("\n")}</tbody></table>`
+  );
+}
+
+/** The self-contained HTML report: every chart inline SVG, no external resource. */
+export function renderHtml(report: BenchReport, meta: { describe: string[]; command?: string }): string {
+  const loads = loadsOf(report);
+  const perLoad = loads.map(
+    (load) => `<h2>Load ${load}</h2>${timeCharts(report, load)}${ttftChart(report, load)}`,
+  );
+  const problems =
+    report.problems.length > 0
+      ? `<div class="problems"><h2>Problems</h2><ul>${report.problems.map((p) => `<li>${escapeXml(p)}</li>`).join("")}</ul></div>`
+      : "";
+  const bounds = report.bounds
+    .map(
+      ({ load, bound }) =>
+        `<li>load ${load}: ${fmtNumber(bound.makespanS)} s = max(critical path ${fmtNumber(bound.criticalPathS)} s, ` +
+        `unique work ÷ replicas ${fmtNumber(bound.workS)} s)</li>`,
+    )
+    .join("");
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>sluice bench: ${escapeXml(report.output.workload)}</title>
+<style>
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1340px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:12px 0}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}
+td:first-child,th:first-child{text-align:left}
+svg{margin:8px 8px 8px 0;border:1px solid #eee}
+.problems{background:#fff0f0;border:1px solid #e0a0a0;padding:4px 16px}
+code{background:#f4f4f4;padding:1px 4px}
+</style></head><body>
+<h1>sluice bench: ${escapeXml(report.output.workload)}</h1>
+<p>${report.output.replicas} × <code>${escapeXml(report.output.preset)}</code> simulated replicas, virtual time.
+${meta.command ? `Command: <code>${escapeXml(meta.command)}</code>.` : ""}</p>
+<ul>${meta.describe.map((d) => `<li>${escapeXml(d)}</li>`).join("")}</ul>
+${problems}
+${htmlTable(report)}
+<p>Goodput: calls that met their SLO (TTFT and TPOT) per second of makespan. Hit rate: the engines'
+token-weighted prefix-cache hits ÷ queries over the run. <code>bound</code>: a lower bound on makespan:</p>
+<ul>${bounds}</ul>
+${mainChartSvg(report)}${goodputChart(report)}${loads.length > 1 ? goodputVsLoad(report) : ""}
+<h2>Per group</h2>
+${groupTable(report)}
+${perLoad.join("\n")}
+</body></html>
+`;
+}

@@ -1,0 +1,113 @@
+/** @module One benchmark from a workload name or file: fleet defaults, the run, and the files it writes. */
+
+import { mkdirSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
+import type { PresetName, PresetOverrides } from "../adapters/engines/sim/presets.js";
+import { isPresetName } from "../adapters/engines/sim/presets.js";
+import { stepModelOfPreset } from "./cost-model.js";
+import { simFleet } from "./fleet.js";
+import { mainChartSvg, renderHtml } from "./report.js";
+import type { BenchPolicy, BenchReport } from "./run.js";
+import { BENCH_POLICIES, runBench } from "./run.js";
+import { compileWorkload, NAMED_WORKLOADS, resolveWorkload, withSeed } from "./workloads/index.js";
+import { WorkloadError } from "./workloads/schema.js";
+
+export interface WorkloadBenchOptions {
+  /** A built-in name (`agents`, `agents-256`, `mixed`, `mooncake`) or a workload JSON file. */
+  workload: string;
+  /** Default: the built-in workload's, else 1. */
+  replicas?: number;
+  /** A preset name or overrides; default: the built-in workload's, else `h100-llama3-8b`. */
+  preset?: PresetName | PresetOverrides;
+  policies?: readonly BenchPolicy[];
+  /** Offered-load multipliers; default: the built-in workload's, else [1]. */
+  loads?: readonly number[];
+  /** Overrides the workload's seed. */
+  seed?: number;
+  sampleEveryMs?: number;
+  onProgress?: (line: string) => void;
+  /** Aborts the benchmark (rejects with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/** A finished benchmark and the lines that describe what ran. */
+export interface WorkloadBenchResult {
+  report: BenchReport;
+  describe: string[];
+}
+
+function presetLabel(preset: PresetName | PresetOverrides): string {
+  if (typeof preset === "string") return preset;
+  const { base, ...rest } = preset;
+  return `${base ?? "h100-llama3-8b"}+${JSON.stringify(rest)}`;
+}
+
+/** Resolves defaults, then runs every policy at every load on simulated replicas in virtual time. */
+export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<WorkloadBenchResult> {
+  // Built-in workloads may size themselves to the fleet, so the fleet is settled first.
+  const named = Object.hasOwn(NAMED_WORKLOADS, options.workload)
+    ? NAMED_WORKLOADS[options.workload]
+    : undefined;
+  const replicas = options.replicas ?? named?.replicas ?? 1;
+  const preset = options.preset ?? (named?.preset as PresetName | undefined) ?? "h100-llama3-8b";
+  if (typeof preset === "string" && !isPresetName(preset))
+    throw new WorkloadError(`unknown preset ${JSON.stringify(preset)}`);
+  if (!(Number.isInteger(replicas) && replicas >= 1))
+    throw new WorkloadError(`replicas must be an integer ≥ 1, got ${replicas}`);
+  const model = stepModelOfPreset(preset);
+  const resolved = resolveWorkload(options.workload, { replicas, model });
+  const spec = withSeed(resolved.spec, options.seed);
+  const loads = options.loads ?? resolved.named?.loads ?? [1];
+  for (const load of loads) if (!(load > 0)) throw new WorkloadError(`loads must be > 0, got ${load}`);
+  const policies = options.policies ?? BENCH_POLICIES;
+  const describe = [
+    `workload ${resolved.name}: ${resolved.named?.summary ?? "from file"}`,
+    `fleet: ${replicas} × ${presetLabel(preset)}; policies ${policies.join(", ")}; loads ${loads.join(", ")}`,
+  ];
+  const report = await runBench({
+    name: resolved.name,
+    compile: (load) =>
+      compileWorkload(spec, {
+        name: resolved.name,
+        load,
+        ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
+      }),
+    loads,
+    policies,
+    replicas,
+    fleet: simFleet(preset, presetLabel(preset)),
+    ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
+    ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+    ...(options.signal ? { signal: options.signal } : {}),
+  });
+  const seen = new Set<string>();
+  for (const detail of report.output.details) {
+    const line = `load ${detail.load}: ${detail.describe}`;
+    if (!seen.has(line)) describe.push(line);
+    seen.add(line);
+  }
+  return { report, describe };
+}
+
+function writeText(path: string, text: string): void {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, text);
+}
+
+/** Writes whichever of the JSON document, the HTML report and the main chart's SVG were asked for. */
+export function writeOutputs(
+  result: WorkloadBenchResult,
+  paths: { json?: string; html?: string; svg?: string; command?: string },
+): void {
+  if (paths.json) writeText(paths.json, `${JSON.stringify(result.report.output, null, 2)}\n`);
+  if (paths.html) {
+    writeText(
+      paths.html,
+      renderHtml(result.report, {
+        describe: result.describe,
+        ...(paths.command ? { command: paths.command } : {}),
+      }),
+    );
+  }
+  if (paths.svg) writeText(paths.svg, `${mainChartSvg(result.report)}\n`);
+}

@@ -1,0 +1,136 @@
+/** @module Workload files (SPEC 13.2): zod schemas, defaults, and errors that name the offending field. */
+
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import type { Range } from "./prng.js";
+
+/** A workload file or built-in definition that does not parse. */
+export class WorkloadError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "WorkloadError";
+  }
+}
+
+/** `[min, max]`, or one number meaning `[n, n]`; both ends ≥ 0 and min ≤ max. */
+const range = (what: string) =>
+  z
+    .union([z.number().nonnegative(), z.tuple([z.number().nonnegative(), z.number().nonnegative()])])
+    .transform((value): Range => (typeof value === "number" ? [value, value] : [value[0], value[1]]))
+    .refine(([min, max]) => min <= max, { message: `${what} must be [min, max] with min ≤ max` });
+
+const positiveIntRange = (what: string) =>
+  range(what).refine(([min, max]) => Math.floor(max) >= Math.max(1, Math.ceil(min)), {
+    message: `${what} must allow at least one whole number ≥ 1`,
+  });
+
+const slo = z.strictObject({
+  ttft_s: z.number().positive(),
+  tpot_s: z.number().positive(),
+});
+
+/** SPEC 13.2 `kind: "agents"`. Omitted fields take the SPEC's example values. */
+export const agentsSpecSchema = z.strictObject({
+  kind: z.literal("agents"),
+  sessions: z.number().int().positive().default(64),
+  steps: positiveIntRange("steps").default([20, 20]),
+  system_prompt_tokens: z.number().int().nonnegative().default(2000),
+  tool_output_tokens: range("tool_output_tokens").default([500, 3000]),
+  output_tokens: positiveIntRange("output_tokens").default([100, 400]),
+  tool_wait_s: range("tool_wait_s").default([1, 5]),
+  arrival: z
+    .union([z.literal("batch"), z.strictObject({ rate_per_s: z.number().positive() })])
+    .default("batch"),
+  slo: slo.default({ ttft_s: 5, tpot_s: 0.1 }),
+  seed: z.number().int().default(1),
+});
+
+/** SPEC 13.2 `kind: "mooncake"`: replay of a Mooncake trace (`trace` relative to the file, the cwd or the repo). */
+export const mooncakeSpecSchema = z.strictObject({
+  kind: z.literal("mooncake"),
+  trace: z.string().min(1),
+  time_scale: z.number().positive().default(1),
+  limit: z.number().int().positive().optional(),
+  slo: slo.default({ ttft_s: 5, tpot_s: 0.1 }),
+});
+
+const mixedLane = z.strictObject({
+  rate_per_s: z.number().nonnegative(),
+  input_tokens: positiveIntRange("input_tokens"),
+  output_tokens: positiveIntRange("output_tokens"),
+  slo,
+});
+
+/** SPEC 13.2 `kind: "mixed"`: open-loop interactive chat beside bulk document jobs. */
+export const mixedSpecSchema = z.strictObject({
+  kind: z.literal("mixed"),
+  duration_s: z.number().positive(),
+  interactive: mixedLane,
+  bulk: mixedLane,
+  seed: z.number().int().default(1),
+});
+
+export const workloadSpecSchema = z.discriminatedUnion("kind", [
+  agentsSpecSchema,
+  mooncakeSpecSchema,
+  mixedSpecSchema,
+]);
+
+export type AgentsSpec = z.output<typeof agentsSpecSchema>;
+export type MooncakeSpec = z.output<typeof mooncakeSpecSchema>;
+export type MixedSpec = z.output<typeof mixedSpecSchema>;
+export type WorkloadSpec = z.output<typeof workloadSpecSchema>;
+/** What a workload file may contain (ranges as numbers or pairs, defaults omitted). */
+export type WorkloadSpecInput = z.input<typeof workloadSpecSchema>;
+
+function fieldPath(path: readonly PropertyKey[]): string {
+  return path.map((part) => (typeof part === "number" ? `[${part}]` : String(part))).join(".") || "(root)";
+}
+
+/** One line per problem, each naming the field: `unknown field "bulk.rate"`, `field "sessions": …`. */
+export function describeIssues(error: z.ZodError): string {
+  const lines: string[] = [];
+  for (const issue of error.issues) {
+    if (issue.code === "unrecognized_keys") {
+      for (const key of issue.keys) lines.push(`unknown field "${fieldPath([...issue.path, key])}"`);
+    } else if (issue.code === "invalid_union" && issue.path.length === 0 && "discriminator" in issue) {
+      lines.push(`field "kind": expected "agents", "mooncake" or "mixed"`);
+    } else {
+      lines.push(`field "${fieldPath(issue.path)}": ${issue.message}`);
+    }
+  }
+  return lines.join("; ");
+}
+
+/** Validates a parsed workload definition; throws `WorkloadError` naming every bad or unknown field. */
+export function parseWorkloadSpec(value: unknown, source = "workload"): WorkloadSpec {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new WorkloadError(`${source}: a workload is a JSON object, got ${JSON.stringify(value)}`);
+  }
+  const kind = (value as { kind?: unknown }).kind;
+  if (kind !== "agents" && kind !== "mooncake" && kind !== "mixed") {
+    throw new WorkloadError(
+      `${source}: field "kind" must be "agents", "mooncake" or "mixed", got ${JSON.stringify(kind)}`,
+    );
+  }
+  const parsed = workloadSpecSchema.safeParse(value);
+  if (!parsed.success) throw new WorkloadError(`${source}: ${describeIssues(parsed.error)}`);
+  return parsed.data;
+}
+
+/** Reads and validates a workload JSON file. */
+export function readWorkloadFile(path: string): WorkloadSpec {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (error) {
+    throw new WorkloadError(`cannot read workload file ${path}: ${(error as Error).message}`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (error) {
+    throw new WorkloadError(`workload file ${path} is not JSON: ${(error as Error).message}`);
+  }
+  return parseWorkloadSpec(json, path);
+}
