@@ -54,6 +54,13 @@ export function buildMooncakeWorkload(
     timeScale: spec.time_scale,
     ...(spec.limit !== undefined ? { limit: spec.limit } : {}),
   });
+  // A conversation is a chain of at least two turns; a lone request is a one-off call with no session.
+  const chained = new Set<number>();
+  for (const request of requests) {
+    if (request.parent !== undefined) {
+      chained.add(request.sessionKey);
+    }
+  }
   const positionOf = new Map<number, number>();
   const root: TrieNode = { children: new Map() };
   const calls: PlannedCall[] = [];
@@ -77,7 +84,7 @@ export function buildMooncakeWorkload(
     const call: PlannedCall = {
       index: calls.length,
       id: `${name}-${request.index}`,
-      sessionId: `${name}-c${request.sessionKey}`,
+      ...(chained.has(request.sessionKey) ? { sessionId: `${name}-c${request.sessionKey}` } : {}),
       arrivalMs: request.arrivalMs / load,
       gapMs: 0,
       extendsAfter: false,
