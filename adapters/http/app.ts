@@ -215,10 +215,11 @@ export function createApp(options: AppOptions): Hono<Env> {
       metrics.recordRefusal({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
     }
     const rendered = renderRefusal(refusal, requestId);
-    return new Response(JSON.stringify(rendered.body), {
-      status: rendered.status,
-      headers: rendered.headers,
-    });
+    // An oversized body is refused unread; closing the connection stops the client sending the rest
+    // (kept open, the server would have to read and discard it all to find the next request).
+    const headers =
+      refusal.reason === "body_too_large" ? { ...rendered.headers, connection: "close" } : rendered.headers;
+    return new Response(JSON.stringify(rendered.body), { status: rendered.status, headers });
   });
 
   /** Failures the HTTP layer must not count: the scheduler's events did (its refusals, engine failures), or no call was refused. */
@@ -387,7 +388,12 @@ export function createApp(options: AppOptions): Hono<Env> {
     return out;
   };
 
-  const unknownSession = (id: string) => new Refusal("session_not_found", `no session ${JSON.stringify(id)}`);
+  // The id comes from the path: echo a bounded prefix of it, never an arbitrarily long one.
+  const unknownSession = (id: string) =>
+    new Refusal(
+      "session_not_found",
+      `no session ${JSON.stringify(id.length > 256 ? `${id.slice(0, 256)}…` : id)}`,
+    );
 
   app.get("/v1/sessions/:id", requireKey, (c) => {
     const id = c.req.param("id") ?? "";
@@ -427,7 +433,7 @@ export function createApp(options: AppOptions): Hono<Env> {
       sessionId = sessionKeyOf(c);
     }
 
-    const json = await readJsonBody(c.req.raw, bodyLimit);
+    const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const body =
       endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
     const models = scheduler.models();
@@ -540,6 +546,12 @@ export function createApp(options: AppOptions): Hono<Env> {
   );
 
   return app;
+}
+
+/** The Node request stream behind a request served by @hono/node-server (absent under `app.request()`). */
+function incomingOf(env: unknown): AsyncIterable<Uint8Array> | undefined {
+  const incoming = (env as { incoming?: AsyncIterable<Uint8Array> } | undefined)?.incoming;
+  return incoming && Symbol.asyncIterator in incoming ? incoming : undefined;
 }
 
 /** A JSON body that may be absent (`POST /v1/sessions` with no body opens a session with defaults). */

@@ -15,12 +15,19 @@ function tooLarge(limitBytes: number, seen: number | undefined): Refusal {
  * the limit is refused before reading; a body that grows past the limit while
  * streaming is refused the moment it does, and the rest is not read.
  */
-export async function readBodyText(request: Request, limitBytes: number): Promise<string> {
+export async function readBodyText(
+  request: Request,
+  limitBytes: number,
+  incoming?: AsyncIterable<Uint8Array>,
+): Promise<string> {
   const declared = request.headers.get("content-length");
   if (declared !== null) {
     const length = Number(declared);
     if (Number.isFinite(length) && length > limitBytes) throw tooLarge(limitBytes, length);
   }
+  // Reading the Node request stream directly skips building a web Request around it (a large share of a
+  // small call's cost) and enforces the limit just the same.
+  if (incoming) return readNodeBody(incoming, limitBytes);
   const body = request.body;
   if (!body) return "";
   const reader = body.getReader();
@@ -43,11 +50,61 @@ export async function readBodyText(request: Request, limitBytes: number): Promis
   return Buffer.concat(parts, total).toString("utf8");
 }
 
-/** Reads and parses a JSON body; bad JSON is a 400 `invalid_request`. */
-export async function readJsonBody(request: Request, limitBytes: number): Promise<unknown> {
-  const text = await readBodyText(request, limitBytes);
+async function readNodeBody(incoming: AsyncIterable<Uint8Array>, limitBytes: number): Promise<string> {
+  const parts: Uint8Array[] = [];
+  let total = 0;
+  for await (const part of incoming) {
+    total += part.byteLength;
+    if (total > limitBytes) {
+      (incoming as { destroy?: () => void }).destroy?.();
+      throw tooLarge(limitBytes, total);
+    }
+    parts.push(part);
+  }
+  return Buffer.concat(parts, total).toString("utf8");
+}
+
+/** Deepest nesting of arrays and objects a JSON body may have. */
+export const MAX_JSON_DEPTH = 128;
+
+/**
+ * The deepest nesting of `[` and `{` in a JSON text, stopping as soon as it
+ * passes `limit`. A linear scan before `JSON.parse`: a body nested thousands
+ * deep parses, but every later recursive walk over it (`JSON.stringify` when
+ * forwarding, rendering tool calls) would overflow the stack.
+ */
+export function jsonDepthExceeds(text: string, limit: number): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c)
+        i++; // backslash: the next character is escaped
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return false;
+}
+
+/** Reads and parses a JSON body; bad JSON, or JSON nested deeper than {@link MAX_JSON_DEPTH}, is a 400 `invalid_request`. */
+export async function readJsonBody(
+  request: Request,
+  limitBytes: number,
+  incoming?: AsyncIterable<Uint8Array>,
+): Promise<unknown> {
+  const text = await readBodyText(request, limitBytes, incoming);
   if (text.trim() === "")
     throw new Refusal("invalid_request", "request body is empty; expected a JSON object");
+  if (jsonDepthExceeds(text, MAX_JSON_DEPTH)) {
+    throw new Refusal(
+      "invalid_request",
+      `request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`,
+    );
+  }
   try {
     return JSON.parse(text);
   } catch (err) {

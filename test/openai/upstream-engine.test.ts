@@ -181,7 +181,7 @@ describe("OpenAIUpstreamEngine: streaming pass-through", () => {
     });
   });
 
-  it("streams from the upstream for a non-streaming client and yields parsed text without raw bytes", async () => {
+  it("asks a non-streaming upstream call for a non-streaming client, and still reads an upstream that streams anyway", async () => {
     const up = await upstream({
       "/v1/completions": (_req, res) => {
         startSse(res);
@@ -225,8 +225,8 @@ describe("OpenAIUpstreamEngine: streaming pass-through", () => {
       outputTokens: [11, 12],
     });
     const sent = JSON.parse(up.requests[0]!.body) as Record<string, unknown>;
-    assert.equal(sent.stream, true, "the upstream streams even when the client did not ask");
-    assert.deepEqual(sent.stream_options, { include_usage: true });
+    assert.equal(sent.stream, false, "a non-streaming client's call is sent as one JSON request");
+    assert.equal(sent.stream_options, undefined);
     assert.equal(sent.prompt, "Say hello");
   });
 

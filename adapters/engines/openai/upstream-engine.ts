@@ -417,7 +417,7 @@ function stripFlavor(signals: ScrapedSignals): Omit<EngineSignals, "readAtMs" | 
   return rest;
 }
 
-/** The body sent upstream: the client's, with the admitted model and output cap, always streamed. */
+/** The body sent upstream: the client's, with the admitted model and output cap; streamed when the client streams. */
 function upstreamBody(call: EngineCall): Record<string, unknown> {
   const body: Record<string, unknown> = { ...(call.body ?? {}) };
   body.model = call.model;
@@ -427,6 +427,13 @@ function upstreamBody(call: EngineCall): Record<string, unknown> {
   } else body.max_tokens = call.maxTokens;
   if (body.prompt === undefined && body.messages === undefined) {
     if (call.endpoint === "completions") body.prompt = [...call.promptTokens];
+  }
+  if (!call.stream) {
+    // A client that does not stream gets one JSON answer: asking the upstream for the same is cheaper than
+    // parsing its events, and the permit's waiting part then ends at completion, as SPEC 4 allows.
+    body.stream = false;
+    delete body.stream_options;
+    return body;
   }
   body.stream = true;
   const options = isRecord(body.stream_options) ? { ...body.stream_options } : {};
