@@ -6,6 +6,7 @@
  * layers switched off by policy.
  */
 
+import { followAbort } from "./abort.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline, predictTtftMs } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
@@ -487,7 +488,8 @@ export class Scheduler {
       replica.inflightPrefillTokens += uncached;
       inflightPrefill = uncached;
       const abort = new AbortController();
-      const signal = req.signal ? AbortSignal.any([req.signal, abort.signal]) : abort.signal;
+      const unlinkSignal = followAbort(req.signal, abort);
+      const signal = abort.signal;
       let stream: EngineStream;
       try {
         stream = await replica.engine.generate({
@@ -502,6 +504,7 @@ export class Scheduler {
           signal,
         });
       } catch (error) {
+        unlinkSignal();
         if (error instanceof Refusal && error.reason === "worker_overloaded") {
           // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
           replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
@@ -526,6 +529,7 @@ export class Scheduler {
         reservation,
         uncached,
         admittedAt,
+        unlinkSignal,
       });
       // From here the admitted call owns every hold.
       permit = null;
@@ -560,6 +564,7 @@ export class Scheduler {
     reservation: Reservation | null;
     uncached: number;
     admittedAt: number;
+    unlinkSignal: () => void;
   }): CallHoldings {
     const { replica, lane, session, permit, reservation } = held;
     let firstTokenAt: number | undefined;
@@ -577,6 +582,7 @@ export class Scheduler {
       },
       finish: (outcome: CallOutcome, result: EngineResult | undefined, outputTokens: readonly number[]) => {
         const endedAt = this.clock.now();
+        held.unlinkSignal();
         permit?.release();
         reservation?.release();
         replica.inflightPrefillTokens -= inflight;

@@ -5,6 +5,7 @@ import type { Context } from "hono";
 import { Hono } from "hono";
 import { cors } from "hono/cors";
 import { Registry } from "prom-client";
+import { followAbort } from "../../src/abort.js";
 import { Refusal, renderRefusal } from "../../src/errors.js";
 import type {
   AdminState,
@@ -459,7 +460,15 @@ export function createApp(options: AppOptions): Hono<Env> {
     const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
     if (outgoing?.closed || outgoing?.destroyed) end();
     else outgoing?.once("close", end);
-    const signal = AbortSignal.any([c.req.raw.signal, tracker.signal]);
+    // One controller following both the client and a forced shutdown; both links are undone when the call ends.
+    const callAbort = new AbortController();
+    const unfollowClient = followAbort(c.req.raw.signal, callAbort);
+    const unfollowShutdown = followAbort(tracker.signal, callAbort);
+    const unfollow = () => {
+      unfollowClient();
+      unfollowShutdown();
+    };
+    const signal = callAbort.signal;
     const req: CallRequest = {
       requestId,
       endpoint,
@@ -482,6 +491,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     try {
       call = await scheduler.submit(req);
     } catch (err) {
+      unfollow();
       if (!outgoing) end();
       throw leaveUncounted(err);
     }
@@ -490,6 +500,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     signal.addEventListener("abort", onAbort, { once: true });
     const finish = () => {
       signal.removeEventListener("abort", onAbort);
+      unfollow();
       if (!outgoing) end();
     };
     if (signal.aborted) onAbort();
