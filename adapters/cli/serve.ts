@@ -9,13 +9,14 @@ import { ConfigError } from "../../src/config/config-error.js";
 import { resolveGateLimitsWithSources } from "../../src/config/gate-limits.js";
 import { POLICIES, type Policy, type SchedulerConfigInput } from "../../src/config/scheduler-config.js";
 import type { Engine } from "../../src/engine.js";
-import { Scheduler } from "../../src/scheduler.js";
+import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
 import { isPresetName, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
 import { createApp } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
+import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
@@ -31,6 +32,8 @@ export type StartNatsService = (options: {
   scheduler: Scheduler;
   metrics: SluiceMetrics;
   log: (line: string) => void;
+  /** The frontend `connectNatsScaleOut` connected before the scheduler was built (opaque here). */
+  frontend?: unknown;
 }) => Promise<NatsService>;
 
 /** Options of `startServer`; every field has a default. */
@@ -134,6 +137,47 @@ async function loadNats(): Promise<StartNatsService> {
   return module.startNatsService;
 }
 
+// --- NATS scale-out hook (adapters/nats) ---------------------------------------------------------
+
+/** What the scheduler takes from NATS when it is built: the shared window authority and session directory. */
+interface NatsScaleOut {
+  frontend: { close(): Promise<void> };
+  schedulerPorts: Pick<SchedulerOptions, "windowAuthority" | "sessionDirectory">;
+}
+
+/**
+ * Connects this frontend to NATS before the scheduler exists, so the
+ * scheduler can share session windows with other frontends (JetStream KV).
+ */
+async function connectNatsScaleOut(url: string, log: (line: string) => void): Promise<NatsScaleOut> {
+  const specifier = "../nats/index.js";
+  const module = (await import(specifier).catch((err: Error) => {
+    throw new ConfigError(`--nats: the NATS adapter could not be loaded (${err.message})`, {
+      flag: "--nats",
+    });
+  })) as {
+    connectNatsFrontend?: (options: {
+      servers: string;
+      log: (line: string) => void;
+    }) => Promise<NatsScaleOut["frontend"] & NatsScaleOut["schedulerPorts"]>;
+  };
+  if (typeof module.connectNatsFrontend !== "function") {
+    throw new ConfigError("--nats: adapters/nats does not export connectNatsFrontend", { flag: "--nats" });
+  }
+  const frontend = await module.connectNatsFrontend({ servers: url, log }).catch((err: Error) => {
+    throw new ConfigError(`--nats: cannot connect to ${url} (${err.message})`, {
+      flag: "--nats",
+      value: url,
+    });
+  });
+  const schedulerPorts: NatsScaleOut["schedulerPorts"] = {};
+  if (frontend.windowAuthority) schedulerPorts.windowAuthority = frontend.windowAuthority;
+  if (frontend.sessionDirectory) schedulerPorts.sessionDirectory = frontend.sessionDirectory;
+  return { frontend, schedulerPorts };
+}
+
+// -------------------------------------------------------------------------------------------------
+
 /**
  * Starts sluice: engines, scheduler (control loops on the real clock),
  * metrics, the HTTP API on `host:port`, and NATS when asked for.
@@ -150,11 +194,13 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const host = options.host ?? DEFAULTS.host;
 
   const { engines, description } = await buildEngines(options);
+  const natsScaleOut = options.nats ? await connectNatsScaleOut(options.nats, log) : undefined;
   const scheduler = new Scheduler({
     engines,
     clock: realClock,
     tokenizer: createTokenizer(options.tokenizer),
     ...(options.config ? { config: options.config } : {}),
+    ...natsScaleOut?.schedulerPorts,
   });
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
@@ -174,6 +220,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   scheduler.start();
 
   const server = serveHono({ fetch: app.fetch, port, hostname: host });
+  answerClientErrors(server);
   try {
     await new Promise<void>((resolve, reject) => {
       if (server.listening) return resolve();
@@ -182,6 +229,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     });
   } catch (err) {
     await scheduler.stop();
+    await natsScaleOut?.frontend.close();
     await Promise.allSettled(engines.map((engine) => engine.close?.()));
     throw err;
   }
@@ -194,7 +242,13 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   if (options.nats) {
     try {
       const start = await loadNats();
-      nats = await start({ url: options.nats, scheduler, metrics, log });
+      nats = await start({
+        url: options.nats,
+        scheduler,
+        metrics,
+        log,
+        ...(natsScaleOut ? { frontend: natsScaleOut.frontend } : {}),
+      });
     } catch (err) {
       server.close();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
@@ -648,6 +702,11 @@ export async function run(argv: string[]): Promise<number> {
   process.once("SIGINT", force);
   process.once("SIGTERM", force);
   await server.close();
-  process.stderr.write("sluice serve: stopped\n");
+  // What the scheduler still holds at exit: anything but zero permits, reservations and queue places is a leak.
+  const held = server.scheduler.idleCheck();
+  process.stderr.write(
+    `sluice serve: stopped (permits ${held.permits}, reservations ${held.reservations}, ` +
+      `window slots ${held.windowSlots}, queued ${held.queued})\n`,
+  );
   return 0;
 }

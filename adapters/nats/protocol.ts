@@ -1,0 +1,83 @@
+/**
+ * @module The NATS API's names (SPEC 11): subjects, headers, and how ids that
+ * are not valid subject tokens or KV keys are written into them. Shared by the
+ * service, the shared state and the client so both ends spell them alike.
+ */
+
+/** Subject prefix of every endpoint. */
+export const SUBJECT_PREFIX = "sluice.v1";
+
+/** Endpoint subjects. */
+export const SUBJECTS = {
+  chat: `${SUBJECT_PREFIX}.chat`,
+  sessionsOpen: `${SUBJECT_PREFIX}.sessions.open`,
+  sessionsClose: `${SUBJECT_PREFIX}.sessions.close`,
+  sessionsGet: `${SUBJECT_PREFIX}.sessions.get`,
+} as const;
+
+/** Request and reply headers (NATS headers are case-sensitive; these are the canonical spellings). */
+export const HEADERS = {
+  session: "Sluice-Session",
+  lane: "Sluice-Lane",
+  requestId: "Sluice-Request-Id",
+  deadlineMs: "Sluice-Deadline-Ms",
+  stream: "Sluice-Stream",
+  done: "Sluice-Done",
+  /** How long the requester waits for the whole call, ms; the service cancels the call after it. */
+  timeoutMs: "Sluice-Timeout-Ms",
+  replica: "Sluice-Replica",
+  queueMs: "Sluice-Queue-Ms",
+  retryAfter: "Retry-After",
+  /** Set on a request one frontend hands to the frontend that holds its session (never forwarded twice). */
+  forwardedBy: "Sluice-Forwarded-By",
+  event: "Sluice-Event",
+  serviceError: "Nats-Service-Error",
+  serviceErrorCode: "Nats-Service-Error-Code",
+} as const;
+
+/** Prefix of the session event subjects: `sluice.v1.events.session.<id>`. */
+export const SESSION_EVENTS_PREFIX = `${SUBJECT_PREFIX}.events.session`;
+
+/** What one frontend answers on its own subjects (requests handed over by other frontends, and a liveness ping). */
+export type FrontendRequestKind = "chat" | "sessions.open" | "sessions.close" | "sessions.get" | "ping";
+
+/** Subject prefix only one frontend listens on: `sluice.v1.frontends.<id>`. */
+export function frontendSubjectBase(frontendId: string): string {
+  return `${SUBJECT_PREFIX}.frontends.${subjectToken(frontendId)}`;
+}
+
+/** Subject of one kind of request to one frontend. */
+export function frontendSubject(frontendId: string, kind: FrontendRequestKind): string {
+  return `${frontendSubjectBase(frontendId)}.${kind}`;
+}
+
+/**
+ * An id written as one subject token. Ids are printable ASCII; the three
+ * characters a token cannot hold (`.`, `*`, `>`) and `%` itself are
+ * percent-encoded, so ordinary ids (uuids, `sess-…`) appear unchanged.
+ */
+export function subjectToken(id: string): string {
+  return id.replace(/[%.*>\s]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase().padStart(2, "0")}`);
+}
+
+/** The subject a session's state changes are published on. */
+export function sessionEventSubject(sessionId: string): string {
+  return `${SESSION_EVENTS_PREFIX}.${subjectToken(sessionId)}`;
+}
+
+const PLAIN_KEY = /^[-_a-zA-Z0-9]+$/;
+
+/**
+ * An id as a JetStream KV key. Keys allow only `[-/_=.a-zA-Z0-9]`: ids made of
+ * `[-_a-zA-Z0-9]` are used as they are (readable in `nats kv get`); any other
+ * id becomes `=` + base64url of its UTF-8 bytes, which no plain id can collide with.
+ */
+export function kvKey(id: string): string {
+  if (PLAIN_KEY.test(id)) return id;
+  return `=${Buffer.from(id, "utf8").toString("base64url")}`;
+}
+
+/** Inverse of {@link kvKey}. */
+export function idFromKvKey(key: string): string {
+  return key.startsWith("=") ? Buffer.from(key.slice(1), "base64url").toString("utf8") : key;
+}

@@ -1,0 +1,673 @@
+/**
+ * @module The NATS API of SPEC 11 on the services framework: `sluice.v1.chat`
+ * (a step of a tool-call loop, whole or streamed one message per chunk) and
+ * `sluice.v1.sessions.open|close|get`, discoverable through `$SRV.PING`,
+ * `$SRV.INFO` and `$SRV.STATS`. Every instance joins one queue group, so
+ * several frontends share the load; a step of a session another frontend
+ * holds is handed to that frontend (the reply still goes straight to the
+ * requester). Refusals are service errors carrying the SPEC 8 envelope.
+ */
+
+import {
+  headers as createHeaders,
+  Empty,
+  ErrorCode,
+  type MsgHdrs,
+  type NatsConnection,
+  type NatsError,
+  type Service,
+  type ServiceMsg,
+} from "nats";
+import type { EngineChunk, EngineResult } from "../../src/engine.js";
+import { Refusal, renderRefusal } from "../../src/errors.js";
+import type {
+  AdmittedCall,
+  CallRequest,
+  ChatMessage,
+  Lane,
+  LaneClass,
+  OpenSessionInit,
+  SchedulerEvents,
+  SessionView,
+} from "../../src/types.js";
+import { collectCall } from "../http/call-response.js";
+import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../http/openai-format.js";
+import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { sanitizeRequestId } from "../http/request-id.js";
+import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../http/schemas.js";
+import {
+  type FrontendRequestKind,
+  frontendSubject,
+  frontendSubjectBase,
+  HEADERS,
+  SUBJECTS,
+  sessionEventSubject,
+} from "./protocol.js";
+
+/** What the NATS service needs from the scheduler (`src/scheduler.ts` provides it). */
+export interface NatsServiceScheduler {
+  submit(req: CallRequest): Promise<AdmittedCall>;
+  openSession(init: OpenSessionInit): SessionView;
+  getSession(id: string): SessionView | undefined;
+  closeSession(id: string): boolean;
+  models(): string[];
+  addEvents(events: SchedulerEvents): void;
+}
+
+/** Where a session's requests are served when several frontends share the queue group. */
+export type SessionRoute = { owner: "self" } | { owner: "other"; frontendId: string };
+
+/** Keeps each session's steps on the one frontend that holds it (JetStream KV in `shared-state.ts`). */
+export interface SessionRouter {
+  /**
+   * Decides where a session not open on this frontend is served. With
+   * `claim`, a session no live frontend holds is claimed for this one.
+   */
+  route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute>;
+}
+
+/** Options of {@link startNatsService}. */
+export interface NatsServiceOptions {
+  nc: NatsConnection;
+  scheduler: NatsServiceScheduler;
+  /** Service name (`$SRV.INFO.<name>`). Default "sluice". */
+  name?: string;
+  /** Queue group of every endpoint; instances with the same one share the load. Default "sluice". */
+  queue?: string;
+  /** Service version (semver). Default "0.1.0". */
+  version?: string;
+  /** Largest request payload, bytes. Default 4 MiB (the server's `max_payload` usually bounds it first). */
+  bodyLimitBytes?: number;
+  /**
+   * Longest a call may hold its permit when the requester states no
+   * `Sluice-Timeout-Ms`, ms; a stated timeout is capped at it. Default 600000.
+   */
+  callTimeoutMs?: number;
+  /**
+   * Streamed chunks are sent as requests (answered by nobody) at most this
+   * often, ms, so a requester whose inbox is gone shows up as "no responders"
+   * and its call is cancelled. Default 200.
+   */
+  probeIntervalMs?: number;
+  /** This frontend's id (its own subject for handed-over steps). Default: none (no hand-over). */
+  frontendId?: string;
+  /** Keeps sessions on the frontend that holds them. Needs `frontendId`. */
+  router?: SessionRouter;
+  /** Publishes session state changes on `sluice.v1.events.session.<id>`. Default true. */
+  publishEvents?: boolean;
+  /** Refusals decided here rather than in the scheduler (bad JSON, schema), for the metrics. */
+  onRefusal?: (e: { reason: string; lane: LaneClass | undefined; status: number }) => void;
+}
+
+/** A running NATS service. */
+export interface NatsService {
+  readonly service: Service;
+  /** Calls from arrival to their last reply message. */
+  readonly inFlight: number;
+  /** Stops taking requests, cancels calls in flight, and stops the service. Idempotent. */
+  stop(): Promise<void>;
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+const LANES: readonly Lane[] = ["interactive", "bulk"];
+
+function positiveOption(name: string, value: number): number {
+  if (!(Number.isFinite(value) && value > 0))
+    throw new RangeError(`${name} must be a positive number, got ${value}`);
+  return value;
+}
+
+/** Any failure as a Refusal, so one renderer maps everything (as the HTTP app does). */
+function asRefusal(err: unknown): Refusal {
+  if (err instanceof Refusal) return err;
+  if (err instanceof Error && err.name === "EngineError") {
+    return new Refusal("unavailable", `engine failed: ${err.message}`, { status: 502, cause: err });
+  }
+  if (err instanceof Error && (err.name === "AbortError" || err.name === "TimeoutError")) {
+    return new Refusal("unavailable", "call cancelled before it could run (requester timeout or shutdown)", {
+      status: 503,
+      cause: err,
+    });
+  }
+  const message = err instanceof Error ? err.message : String(err);
+  return new Refusal("unavailable", `internal error: ${message}`, { status: 500, cause: err });
+}
+
+function headerOf(msg: ServiceMsg, name: string): string | undefined {
+  const value = msg.headers?.get(name);
+  return value === undefined || value === "" ? undefined : value;
+}
+
+function isTrue(value: string | undefined): boolean {
+  return value !== undefined && /^(true|1|yes)$/i.test(value.trim());
+}
+
+function declaredLaneOf(value: string | undefined): Lane | undefined {
+  if (value === undefined) return undefined;
+  const lane = value.trim().toLowerCase();
+  if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
+  throw new Refusal(
+    "invalid_request",
+    `${HEADERS.lane} must be "interactive" or "bulk", got ${JSON.stringify(value)}`,
+    {
+      param: HEADERS.lane,
+    },
+  );
+}
+
+function positiveMsHeader(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const ms = Number(value.trim());
+  if (value.trim() === "" || !Number.isFinite(ms) || ms <= 0) {
+    throw new Refusal(
+      "invalid_request",
+      `${name} must be a positive number of milliseconds, got ${JSON.stringify(value)}`,
+      {
+        param: name,
+      },
+    );
+  }
+  return ms;
+}
+
+function sessionIdOf(value: string | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  const id = value.trim();
+  if (id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
+    throw new Refusal(
+      "invalid_request",
+      `${HEADERS.session} must be 1–256 printable ASCII characters without spaces`,
+      {
+        param: HEADERS.session,
+      },
+    );
+  }
+  return id;
+}
+
+function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unknown {
+  if (data.byteLength > limitBytes) {
+    throw new Refusal(
+      "body_too_large",
+      `request payload of ${data.byteLength} bytes exceeds the ${limitBytes}-byte limit`,
+    );
+  }
+  const text = decoder.decode(data);
+  if (text.trim() === "") {
+    if (emptyAs !== undefined) return emptyAs;
+    throw new Refusal("invalid_request", "request payload is empty; expected a JSON object");
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new Refusal("invalid_request", `request payload is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+/** `{ "id": "…" }` of the session endpoints. */
+function sessionIdBody(data: Uint8Array, limitBytes: number): string {
+  const json = parseJson(data, limitBytes);
+  const id = (json as { id?: unknown } | null)?.id;
+  if (typeof json !== "object" || json === null || typeof id !== "string" || id.length === 0) {
+    throw new Refusal("invalid_request", 'expected a JSON object { "id": "<session id>" }', { param: "id" });
+  }
+  return id;
+}
+
+/** The OpenAI chunk objects carried by one engine chunk: the upstream's own events, or one formatted from text. */
+function chunkObjects(chunk: EngineChunk, ctx: ResponseContext, first: boolean): unknown[] {
+  const event = (chunk as EngineChunk & { event?: unknown }).event;
+  if (event !== undefined) return [event];
+  if (chunk.raw) {
+    const out: unknown[] = [];
+    for (const line of decoder.decode(chunk.raw).split(/\r?\n/)) {
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (data === "" || data === "[DONE]") continue;
+      try {
+        out.push(JSON.parse(data));
+      } catch {
+        // An upstream event that is not JSON carries nothing a chunk consumer could read.
+      }
+    }
+    return out;
+  }
+  if (chunk.text === "" && !first) return [];
+  return [deltaChunk(ctx, chunk.text, first)];
+}
+
+/** Refusal headers: the service error pair, `Retry-After`, the request id and lane. */
+function refusalHeaders(
+  refusal: Refusal,
+  requestId: string,
+): { hdrs: MsgHdrs; body: Uint8Array; status: number } {
+  const rendered = renderRefusal(refusal, requestId);
+  const hdrs = createHeaders();
+  hdrs.set(HEADERS.requestId, requestId);
+  const retryAfter = rendered.headers["retry-after"];
+  if (retryAfter !== undefined) hdrs.set(HEADERS.retryAfter, retryAfter);
+  const lane = rendered.headers["x-sluice-lane"];
+  if (lane !== undefined) hdrs.set(HEADERS.lane, lane);
+  return { hdrs, body: encoder.encode(JSON.stringify(rendered.body)), status: rendered.status };
+}
+
+/**
+ * Starts the NATS service on `nc` for `scheduler` and, unless told not to,
+ * publishes the scheduler's session events. Resolves once every endpoint
+ * subscribed.
+ */
+export async function startNatsService(options: NatsServiceOptions): Promise<NatsService> {
+  const { nc, scheduler, router } = options;
+  const name = options.name ?? "sluice";
+  const queue = options.queue ?? "sluice";
+  const bodyLimit = options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
+  if (!(Number.isInteger(bodyLimit) && bodyLimit > 0)) {
+    throw new RangeError(`bodyLimitBytes must be a positive integer, got ${bodyLimit}`);
+  }
+  const callTimeoutMs = positiveOption("callTimeoutMs", options.callTimeoutMs ?? 600_000);
+  const probeIntervalMs = positiveOption("probeIntervalMs", options.probeIntervalMs ?? 200);
+  const frontendId = options.frontendId;
+  if (router && frontendId === undefined)
+    throw new TypeError("a session router needs a frontendId, got none");
+
+  const stopping = new AbortController();
+  let inFlight = 0;
+  const refusalCounts: Record<string, number> = {};
+  let eventsOn = options.publishEvents ?? true;
+
+  const noteRefusal = (refusal: Refusal, decidedHere: boolean) => {
+    refusalCounts[refusal.reason] = (refusalCounts[refusal.reason] ?? 0) + 1;
+    if (decidedHere)
+      options.onRefusal?.({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
+  };
+
+  /** Answers with a service error; `decidedHere` says the scheduler did not already count it. */
+  const respondRefusal = (msg: ServiceMsg, err: unknown, requestId: string, decidedHere: boolean) => {
+    const refusal = asRefusal(err);
+    noteRefusal(refusal, decidedHere);
+    const { hdrs, body, status } = refusalHeaders(refusal, requestId);
+    try {
+      msg.respondError(status, refusal.reason, body, { headers: hdrs });
+    } catch {
+      // The connection closed under us; the requester learns from its own timeout.
+    }
+  };
+
+  const service = await nc.services.add({
+    name,
+    version: options.version ?? "0.1.0",
+    description: "sluice admission scheduler: tool-call loop API (OpenAI chat over NATS) and sessions",
+    queue,
+    metadata: frontendId === undefined ? {} : { frontend: frontendId },
+    statsHandler: async () => ({ in_flight: inFlight, refusals: { ...refusalCounts } }),
+  });
+
+  // --- chat --------------------------------------------------------------------------------------
+
+  const handleChat = async (msg: ServiceMsg, handedOver: boolean): Promise<void> => {
+    const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
+    const reply = msg.reply;
+    // A request nobody waits for would run a model call for nobody.
+    if (!reply) return;
+    inFlight++;
+    let admitted: AdmittedCall | undefined;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let decidedHere = true;
+    let streamMode = isTrue(headerOf(msg, HEADERS.stream));
+    try {
+      if (stopping.signal.aborted) {
+        throw new Refusal("unavailable", "this sluice instance is shutting down", {
+          retryAfterSeconds: 1,
+          scope: "fleet",
+        });
+      }
+      const declaredLane = declaredLaneOf(headerOf(msg, HEADERS.lane));
+      const deadlineMs = positiveMsHeader(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
+      const statedTimeout = positiveMsHeader(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
+      const sessionId = sessionIdOf(headerOf(msg, HEADERS.session));
+      const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
+      streamMode = streamMode || body.stream === true;
+
+      if (sessionId !== undefined && router && frontendId !== undefined && !handedOver) {
+        const local = scheduler.getSession(sessionId);
+        if (!local || local.state === "closed") {
+          const route = await router.route(sessionId, { claim: true });
+          if (route.owner === "other") {
+            handOver(msg, route.frontendId, "chat");
+            return;
+          }
+        }
+      }
+
+      const timeoutMs = Math.min(statedTimeout ?? callTimeoutMs, callTimeoutMs);
+      const gone = new AbortController();
+      // One timer per call, cleared when the call ends (AbortSignal.timeout would linger for the whole timeout).
+      timer = setTimeout(
+        () => gone.abort(new DOMException(`the requester's ${timeoutMs} ms timeout passed`, "TimeoutError")),
+        timeoutMs,
+      );
+      const signal = AbortSignal.any([stopping.signal, gone.signal]);
+      const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
+      const req: CallRequest = {
+        requestId,
+        endpoint: "chat",
+        input: { kind: "chat", messages: body.messages as ChatMessage[] },
+        stream: streamMode,
+        body: body as Record<string, unknown>,
+        signal,
+      };
+      if (body.model !== undefined) req.model = body.model;
+      if (maxTokens !== undefined) req.maxTokens = maxTokens;
+      if (sessionId !== undefined) req.sessionId = sessionId;
+      if (declaredLane !== undefined) req.declaredLane = declaredLane;
+      if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
+
+      try {
+        admitted = await scheduler.submit(req);
+      } catch (err) {
+        // The scheduler counts its own refusals through its events.
+        decidedHere = false;
+        throw err;
+      }
+      const call = admitted;
+      const onAbort = () => call.cancel();
+      signal.addEventListener("abort", onAbort, { once: true });
+      if (signal.aborted) onAbort();
+      try {
+        const ctx: ResponseContext = {
+          id: `chatcmpl-${requestId}`,
+          created: Math.floor(Date.now() / 1000),
+          model: body.model ?? scheduler.models()[0] ?? "unknown",
+          endpoint: "chat",
+        };
+        const meta = createHeaders();
+        meta.set(HEADERS.requestId, requestId);
+        meta.set(HEADERS.lane, call.lane);
+        meta.set(HEADERS.replica, call.replica);
+        meta.set(HEADERS.queueMs, String(Math.round(call.queueMs)));
+        if (streamMode) {
+          await streamCall(
+            call,
+            reply,
+            ctx,
+            meta,
+            body.stream_options?.include_usage === true,
+            gone,
+            requestId,
+          );
+        } else {
+          let payload: Record<string, unknown>;
+          try {
+            payload = await collectCall({ call, ctx });
+          } catch (err) {
+            throw asRefusal(err).with({ lane: call.lane });
+          }
+          msg.respond(encoder.encode(JSON.stringify(payload)), { headers: meta });
+        }
+      } finally {
+        signal.removeEventListener("abort", onAbort);
+      }
+    } catch (err) {
+      respondRefusal(msg, err, requestId, decidedHere);
+      if (streamMode) sendDone(reply, requestId);
+    } finally {
+      clearTimeout(timer);
+      inFlight--;
+    }
+  };
+
+  const sendDone = (reply: string, requestId: string) => {
+    const hdrs = createHeaders();
+    hdrs.set(HEADERS.done, "true");
+    hdrs.set(HEADERS.requestId, requestId);
+    try {
+      nc.publish(reply, Empty, { headers: hdrs });
+    } catch {
+      // Connection closed: nothing more can reach the requester.
+    }
+  };
+
+  /**
+   * Sends one message per chunk. Every `probeIntervalMs` a chunk goes out as
+   * a request instead: when the requester's inbox is gone the server answers
+   * "no responders" and the call is cancelled, releasing its permit; a live
+   * requester simply does not answer.
+   */
+  const streamCall = async (
+    call: AdmittedCall,
+    reply: string,
+    ctx: ResponseContext,
+    meta: MsgHdrs,
+    includeUsage: boolean,
+    gone: AbortController,
+    requestId: string,
+  ): Promise<void> => {
+    call.result.catch(() => {});
+    let first = true;
+    let sawRaw = false;
+    let lastProbe = Number.NEGATIVE_INFINITY;
+    let headersSent = false;
+    const send = (payload: unknown) => {
+      const data = encoder.encode(JSON.stringify(payload));
+      const opts = headersSent ? {} : { headers: meta };
+      headersSent = true;
+      const now = performance.now();
+      if (now - lastProbe >= probeIntervalMs) {
+        lastProbe = now;
+        nc.request(reply, data, { timeout: Math.max(1000, probeIntervalMs * 5), ...opts }).catch(
+          (err: NatsError) => {
+            if (err?.code === ErrorCode.NoResponders) gone.abort(new Error("the requester's inbox is gone"));
+          },
+        );
+      } else {
+        nc.publish(reply, data, opts);
+      }
+    };
+    try {
+      for await (const chunk of call) {
+        if (gone.signal.aborted) return;
+        if (chunk.raw) sawRaw = true;
+        for (const object of chunkObjects(chunk, ctx, first)) {
+          send(object);
+          first = false;
+        }
+      }
+      if (gone.signal.aborted) return;
+      const result: EngineResult = await call.result;
+      if (!sawRaw) {
+        send(finishChunk(ctx, result.finishReason));
+        if (includeUsage) send(usageChunk(ctx, result));
+      }
+    } catch (err) {
+      if (gone.signal.aborted) return;
+      // Chunks went out already: the failure travels inside the stream, then the done marker.
+      const refusal = asRefusal(err).with({ lane: call.lane });
+      noteRefusal(refusal, true);
+      const { hdrs, body, status } = refusalHeaders(refusal, requestId);
+      hdrs.set(HEADERS.serviceErrorCode, String(status));
+      hdrs.set(HEADERS.serviceError, refusal.reason);
+      try {
+        nc.publish(reply, body, { headers: hdrs });
+      } catch {
+        // Connection closed.
+      }
+    }
+    sendDone(reply, requestId);
+  };
+
+  /** Hands a request to the frontend holding its session; that frontend replies to the requester directly. */
+  const handOver = (msg: ServiceMsg, owner: string, kind: FrontendRequestKind) => {
+    const hdrs = createHeaders();
+    for (const [key, values] of msg.headers ?? []) for (const value of values) hdrs.append(key, value);
+    hdrs.set(HEADERS.forwardedBy, frontendId ?? "");
+    nc.publish(frontendSubject(owner, kind), msg.data, { reply: msg.reply, headers: hdrs });
+  };
+
+  // --- sessions ----------------------------------------------------------------------------------
+
+  const sessionView = (view: SessionView): Record<string, unknown> => {
+    const out: Record<string, unknown> = {
+      id: view.id,
+      state: view.state,
+      replica: view.replica,
+      steps: view.steps,
+      tokens: view.tokens,
+    };
+    if (view.lane !== undefined) out.lane = view.lane;
+    if (view.metadata !== undefined) out.metadata = view.metadata;
+    return out;
+  };
+
+  const unknownSession = (id: string) =>
+    new Refusal("session_not_found", `no session ${JSON.stringify(id)}`, { param: "id" });
+
+  const respondJson = (msg: ServiceMsg, value: unknown, requestId: string) => {
+    const hdrs = createHeaders();
+    hdrs.set(HEADERS.requestId, requestId);
+    msg.respond(encoder.encode(JSON.stringify(value)), { headers: hdrs });
+  };
+
+  /** Runs a session request here, or hands it to the frontend holding the session. */
+  const sessionRequest = async (
+    msg: ServiceMsg,
+    kind: "sessions.close" | "sessions.get",
+    handedOver: boolean,
+    local: (id: string) => unknown,
+  ) => {
+    const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
+    try {
+      const id = sessionIdBody(msg.data, bodyLimit);
+      const here = scheduler.getSession(id);
+      if ((!here || here.state === "closed") && router && !handedOver) {
+        const route = await router.route(id, { claim: false });
+        if (route.owner === "other") {
+          handOver(msg, route.frontendId, kind);
+          return;
+        }
+      }
+      respondJson(msg, local(id), requestId);
+    } catch (err) {
+      respondRefusal(msg, err, requestId, true);
+    }
+  };
+
+  const closeLocal = (id: string) => {
+    if (!scheduler.closeSession(id)) throw unknownSession(id);
+    return { id, state: "closed" };
+  };
+
+  const getLocal = (id: string) => {
+    const view = scheduler.getSession(id);
+    if (!view) throw unknownSession(id);
+    return sessionView(view);
+  };
+
+  const handleOpen = async (msg: ServiceMsg, handedOver: boolean) => {
+    const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
+    try {
+      if (stopping.signal.aborted) {
+        throw new Refusal("unavailable", "this sluice instance is shutting down", {
+          retryAfterSeconds: 1,
+          scope: "fleet",
+        });
+      }
+      const body = parseBody(openSessionBodySchema, parseJson(msg.data, bodyLimit, {}));
+      const init: OpenSessionInit = {};
+      if (body.id !== undefined) init.id = body.id;
+      if (body.lane !== undefined) init.lane = body.lane;
+      if (body.metadata !== undefined) init.metadata = body.metadata;
+      if (body.id !== undefined && router && !handedOver) {
+        const here = scheduler.getSession(body.id);
+        if (!here || here.state === "closed") {
+          // Claimed before the reply, so the session's first step finds its frontend whichever instance it reaches.
+          const route = await router.route(body.id, { claim: true });
+          if (route.owner === "other") {
+            handOver(msg, route.frontendId, "sessions.open");
+            return;
+          }
+        }
+      }
+      const view = scheduler.openSession(init);
+      if (body.id === undefined && router) await router.route(view.id, { claim: true });
+      respondJson(msg, { id: view.id, state: view.state }, requestId);
+    } catch (err) {
+      respondRefusal(msg, err, requestId, true);
+    }
+  };
+
+  const group = service.addGroup("sluice.v1");
+  group.addEndpoint("chat", {
+    subject: SUBJECTS.chat.slice("sluice.v1.".length),
+    handler: (_err, msg) => void handleChat(msg, false),
+    metadata: { request: "OpenAI chat completion body", stream: `header ${HEADERS.stream}: true` },
+  });
+  group.addEndpoint("sessions-open", {
+    subject: "sessions.open",
+    handler: (_err, msg) => void handleOpen(msg, false),
+  });
+  group.addEndpoint("sessions-close", {
+    subject: "sessions.close",
+    handler: (_err, msg) => void sessionRequest(msg, "sessions.close", false, closeLocal),
+  });
+  group.addEndpoint("sessions-get", {
+    subject: "sessions.get",
+    handler: (_err, msg) => void sessionRequest(msg, "sessions.get", false, getLocal),
+  });
+  if (frontendId !== undefined) {
+    // Requests handed over by other frontends, for sessions this one holds. Its own queue group: only this frontend.
+    const base = frontendSubjectBase(frontendId);
+    service.addEndpoint("frontend", {
+      subject: `${base}.>`,
+      queue: `frontend-${frontendId}`,
+      handler: (_err, msg) => {
+        const kind = msg.subject.slice(base.length + 1);
+        if (kind === "chat") void handleChat(msg, true);
+        else if (kind === "sessions.open") void handleOpen(msg, true);
+        else if (kind === "sessions.close") void sessionRequest(msg, "sessions.close", true, closeLocal);
+        else if (kind === "sessions.get") void sessionRequest(msg, "sessions.get", true, getLocal);
+        else if (kind === "ping") msg.respond(Empty);
+        else
+          respondRefusal(
+            msg,
+            new Refusal("invalid_request", `unknown frontend subject ${msg.subject}`),
+            "",
+            true,
+          );
+      },
+    });
+  }
+  // The services framework subscribes when endpoints are added; a flush makes them live before we return.
+  await nc.flush();
+
+  if (eventsOn) {
+    scheduler.addEvents({
+      session(e) {
+        if (!eventsOn || nc.isClosed()) return;
+        const hdrs = createHeaders();
+        hdrs.set(HEADERS.event, e.event);
+        const payload = { id: e.id, event: e.event, replica: e.replica, at: new Date().toISOString() };
+        try {
+          nc.publish(sessionEventSubject(e.id), encoder.encode(JSON.stringify(payload)), { headers: hdrs });
+        } catch {
+          // Events are best effort: a closed connection must never reach the request path.
+        }
+      },
+    });
+  }
+
+  return {
+    service,
+    get inFlight() {
+      return inFlight;
+    },
+    async stop() {
+      if (stopping.signal.aborted) return;
+      stopping.abort(
+        new Refusal("unavailable", "this sluice instance is shutting down", { retryAfterSeconds: 1 }),
+      );
+      eventsOn = false;
+      if (!service.isStopped) await service.stop().catch(() => null);
+    },
+  };
+}

@@ -1,0 +1,250 @@
+/**
+ * @module Where every session lives, on JetStream KV (bucket `sluice-sessions`,
+ * key = session id → `{ replica, state, frontend }`). Written on every session
+ * event, read by a frontend that meets a session it does not hold: the
+ * scheduler pins the session to the same replica (`SessionDirectory`), and the
+ * NATS service hands the step to the frontend holding it (`SessionRouter`),
+ * so a session keeps one window slot however the queue group spreads its steps.
+ */
+
+import { Empty, type KV, type KvEntry, type NatsConnection } from "nats";
+import type { SessionDirectory } from "../../src/sessions/window-authority.js";
+import type { SchedulerEvents, SessionState } from "../../src/types.js";
+import { frontendSubject, kvKey } from "./protocol.js";
+import type { SessionRoute, SessionRouter } from "./service.js";
+import { isRevisionConflict } from "./window-authority.js";
+
+/** Name of the KV bucket holding the session directory. */
+export const SESSIONS_BUCKET = "sluice-sessions";
+
+/** The value stored under a session's key. */
+export interface SessionRecordValue {
+  id: string;
+  state: SessionState;
+  replica: string | null;
+  /** Frontend holding the session. */
+  frontend: string;
+  /** Wall-clock time of the write, ms since the epoch (for operators; never compared across machines). */
+  at: number;
+}
+
+/** Options of {@link KvSessionDirectory}. */
+export interface KvSessionDirectoryOptions {
+  /** The `sluice-sessions` bucket. */
+  kv: KV;
+  nc: NatsConnection;
+  frontendId: string;
+  /** Longest a lookup on the request path waits for KV, ms; slower means "unknown". Default 500. */
+  lookupTimeoutMs?: number;
+  /** Longest a liveness ping of another frontend waits, ms. Default 500. */
+  pingTimeoutMs?: number;
+  /** A frontend that answered a ping is taken as alive this long, ms. Default 1000. */
+  aliveCacheMs?: number;
+  /** Whether the connection is up (lookups while it is down answer "unknown" at once). */
+  isConnected?: () => boolean;
+  onError?: (err: unknown) => void;
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+function decode(entry: KvEntry | null): SessionRecordValue | undefined {
+  if (entry?.operation !== "PUT" || entry.value.byteLength === 0) return undefined;
+  try {
+    return JSON.parse(decoder.decode(entry.value)) as SessionRecordValue;
+  } catch {
+    return undefined;
+  }
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The session directory and router over JetStream KV. Event writes are
+ * queued and written behind (latest state per session wins), so a NATS
+ * outage delays them rather than losing them or slowing a call.
+ */
+export class KvSessionDirectory implements SessionDirectory, SessionRouter {
+  readonly frontendId: string;
+  private readonly kv: KV;
+  private readonly nc: NatsConnection;
+  private readonly lookupTimeoutMs: number;
+  private readonly pingTimeoutMs: number;
+  private readonly aliveCacheMs: number;
+  private readonly isConnected: () => boolean;
+  private readonly onError: (err: unknown) => void;
+  private readonly pending = new Map<string, SessionRecordValue>();
+  private readonly aliveUntil = new Map<string, number>();
+  private flushing: Promise<void> | undefined;
+  private retryTimer: ReturnType<typeof setTimeout> | undefined;
+  private closed = false;
+
+  constructor(options: KvSessionDirectoryOptions) {
+    this.kv = options.kv;
+    this.nc = options.nc;
+    this.frontendId = options.frontendId;
+    this.lookupTimeoutMs = options.lookupTimeoutMs ?? 500;
+    this.pingTimeoutMs = options.pingTimeoutMs ?? 500;
+    this.aliveCacheMs = options.aliveCacheMs ?? 1000;
+    for (const [name, value] of [
+      ["lookupTimeoutMs", this.lookupTimeoutMs],
+      ["pingTimeoutMs", this.pingTimeoutMs],
+      ["aliveCacheMs", this.aliveCacheMs],
+    ] as const) {
+      if (!(Number.isFinite(value) && value > 0))
+        throw new RangeError(`${name} must be a positive number of ms, got ${value}`);
+    }
+    this.isConnected = options.isConnected ?? (() => !this.nc.isClosed());
+    this.onError = options.onError ?? (() => {});
+  }
+
+  /** Writes the scheduler's session events into the directory. */
+  bind(scheduler: { addEvents(events: SchedulerEvents): void }): void {
+    scheduler.addEvents({
+      session: (e) => {
+        const state: SessionState =
+          e.event === "closed" ? "closed" : e.event === "paused" ? "paused" : "active";
+        this.record(e.id, state, e.replica);
+      },
+    });
+  }
+
+  /** The replica another frontend pinned a session to (`SessionDirectory`). */
+  async lookup(id: string): Promise<{ replica: string | null } | undefined> {
+    const value = await this.read(id);
+    if (!value || value.state === "closed") return undefined;
+    return { replica: value.replica };
+  }
+
+  /** The stored record of a session, or undefined (unknown, or KV unreachable). */
+  async read(id: string): Promise<SessionRecordValue | undefined> {
+    const queued = this.pending.get(id);
+    if (queued) return queued;
+    if (!this.isConnected()) return undefined;
+    try {
+      return decode((await withTimeout(this.kv.get(kvKey(id)), this.lookupTimeoutMs)) ?? null);
+    } catch (err) {
+      this.onError(err);
+      return undefined;
+    }
+  }
+
+  async route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute> {
+    if (!this.isConnected()) return { owner: "self" };
+    const key = kvKey(sessionId);
+    for (let attempt = 0; attempt < 3; attempt++) {
+      let entry: KvEntry | null | undefined;
+      try {
+        entry = await withTimeout(this.kv.get(key), this.lookupTimeoutMs);
+      } catch (err) {
+        this.onError(err);
+        return { owner: "self" };
+      }
+      if (entry === undefined) return { owner: "self" };
+      const value = decode(entry);
+      if (value && value.state !== "closed" && value.frontend !== this.frontendId) {
+        if (await this.alive(value.frontend)) return { owner: "other", frontendId: value.frontend };
+      }
+      if (!options.claim) return { owner: "self" };
+      // Free, closed, ours, or held by a frontend that is gone: take it, atomically against a concurrent taker.
+      const mine: SessionRecordValue = {
+        id: sessionId,
+        state: value && value.state !== "closed" ? value.state : "waiting",
+        replica: value?.replica ?? null,
+        frontend: this.frontendId,
+        at: Date.now(),
+      };
+      try {
+        const data = encoder.encode(JSON.stringify(mine));
+        if (entry === null || entry.operation !== "PUT") await this.kv.create(key, data);
+        else await this.kv.update(key, data, entry.revision);
+        return { owner: "self" };
+      } catch (err) {
+        if (!isRevisionConflict(err)) {
+          this.onError(err);
+          return { owner: "self" };
+        }
+      }
+    }
+    return { owner: "self" };
+  }
+
+  /** Queues a write of a session's state (latest per session wins). */
+  record(id: string, state: SessionState, replica: string | null): void {
+    if (this.closed) return;
+    this.pending.set(id, { id, state, replica, frontend: this.frontendId, at: Date.now() });
+    this.kick();
+  }
+
+  /** Resolves when every queued write is stored (or the directory closed). */
+  async flush(): Promise<void> {
+    while (this.pending.size > 0 && !this.closed) {
+      this.kick();
+      await this.flushing;
+      if (this.pending.size > 0) await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+
+  /** Writes queued now are still attempted; nothing is queued after. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    clearTimeout(this.retryTimer);
+    if (this.isConnected()) await withTimeout(this.flush(), 2000);
+    this.closed = true;
+  }
+
+  /** The connection came back: write what queued up while it was down. */
+  reconnected(): void {
+    this.aliveUntil.clear();
+    this.kick();
+  }
+
+  private kick(): void {
+    if (this.flushing || this.pending.size === 0) return;
+    this.flushing = this.flushOnce().finally(() => {
+      this.flushing = undefined;
+      if (this.pending.size > 0 && !this.closed) {
+        clearTimeout(this.retryTimer);
+        // Failed writes wait for the connection; retry on a slow beat rather than spinning.
+        this.retryTimer = setTimeout(() => this.kick(), this.isConnected() ? 50 : 500);
+        this.retryTimer.unref?.();
+      }
+    });
+  }
+
+  private async flushOnce(): Promise<void> {
+    if (!this.isConnected()) return;
+    const batch = [...this.pending.values()];
+    await Promise.all(
+      batch.map(async (value) => {
+        try {
+          await this.kv.put(kvKey(value.id), encoder.encode(JSON.stringify(value)));
+          // A newer state queued meanwhile stays queued.
+          if (this.pending.get(value.id) === value) this.pending.delete(value.id);
+        } catch (err) {
+          this.onError(err);
+        }
+      }),
+    );
+  }
+
+  /** Whether another frontend answers on its own subject (cached briefly). */
+  private async alive(frontendId: string): Promise<boolean> {
+    const until = this.aliveUntil.get(frontendId);
+    if (until !== undefined && until > performance.now()) return true;
+    try {
+      await this.nc.request(frontendSubject(frontendId, "ping"), Empty, { timeout: this.pingTimeoutMs });
+      this.aliveUntil.set(frontendId, performance.now() + this.aliveCacheMs);
+      return true;
+    } catch {
+      this.aliveUntil.delete(frontendId);
+      return false;
+    }
+  }
+}
