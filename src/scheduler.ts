@@ -289,12 +289,14 @@ export class Scheduler {
       const model = this.resolveModel(req.model);
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
       const session = req.sessionId === undefined ? undefined : await this.sessionFor(req.sessionId);
-      const tokens = this.tokenize(req.input);
       const contextWindow = this.contextWindow(model);
+      // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
+      const { tokens, complete } = this.tokenize(req.input, Math.max(0, contextWindow - maxTokens));
       if (tokens.length + maxTokens > contextWindow) {
+        const counted = complete ? `${tokens.length}` : `at least ${tokens.length}`;
         throw new Refusal(
           "context_limit",
-          `the prompt has ${tokens.length} tokens and max_tokens is ${maxTokens}: ${tokens.length + maxTokens} exceeds the context window of ${contextWindow}`,
+          `the prompt has ${counted} tokens and max_tokens is ${maxTokens}: ${complete ? "" : "at least "}${tokens.length + maxTokens} exceeds the context window of ${contextWindow}`,
           {
             limits: {
               max_total_tokens: contextWindow,
@@ -700,16 +702,20 @@ export class Scheduler {
     return this.admission.open(id);
   }
 
-  private tokenize(input: CallInput): readonly number[] {
-    if (input.kind === "tokens") return input.tokens;
+  /** The prompt's tokens; past `limitTokens` it may stop early (`complete` false), the prompt being refused anyway. */
+  private tokenize(input: CallInput, limitTokens: number): { tokens: readonly number[]; complete: boolean } {
+    if (input.kind === "tokens") return { tokens: input.tokens, complete: true };
     if (!this.promptTokenizer) {
       throw new Refusal("invalid_request", "this scheduler has no tokenizer; send token prompts", {
         param: "messages",
       });
     }
-    return input.kind === "chat"
-      ? this.promptTokenizer.chat(input.messages)
-      : this.promptTokenizer.text(input.prompt);
+    const tokens =
+      input.kind === "chat"
+        ? this.promptTokenizer.chat(input.messages, limitTokens)
+        : this.promptTokenizer.text(input.prompt, limitTokens);
+    // Past the limit the count is a prefix unless every message (or piece) was read; the refusal says "at least".
+    return { tokens, complete: tokens.length <= limitTokens };
   }
 
   private hashesFor(session: SessionRecord | undefined, tokens: readonly number[]): string[] {

@@ -1,6 +1,7 @@
 /** @module The HTTP API of SPEC 8 on hono: OpenAI-compatible completions, sessions, admin state, metrics, dashboard. */
 
-import type { ServerResponse } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Readable } from "node:stream";
 import type { Context } from "hono";
 import { Hono } from "hono";
 import { cors } from "hono/cors";
@@ -22,6 +23,7 @@ import { createMetrics, type MetricsScheduler, type SluiceMetrics } from "../met
 import { type ApiKeyIdentity, type ApiKeys, secretsEqual } from "./api-keys.js";
 import { collectCall, sseStream } from "./call-response.js";
 import { CallTracker } from "./call-tracker.js";
+import { lingerThenClose } from "./linger.js";
 import type { ResponseContext } from "./openai-format.js";
 import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
 import { sanitizeRequestId } from "./request-id.js";
@@ -216,11 +218,16 @@ export function createApp(options: AppOptions): Hono<Env> {
       metrics.recordRefusal({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
     }
     const rendered = renderRefusal(refusal, requestId);
-    // An oversized body is refused unread; closing the connection stops the client sending the rest
-    // (kept open, the server would have to read and discard it all to find the next request).
-    const headers =
-      refusal.reason === "body_too_large" ? { ...rendered.headers, connection: "close" } : rendered.headers;
-    return new Response(JSON.stringify(rendered.body), { status: rendered.status, headers });
+    if (refusal.reason === "body_too_large") {
+      // The rest of an oversized body is not read: after a short linger (so the client sees the 413) the
+      // connection closes. Kept alive, the server would read and discard the whole body to find the next request.
+      const node = c.env as { incoming?: IncomingMessage; outgoing?: ServerResponse } | undefined;
+      if (node?.incoming && node.outgoing) lingerThenClose(node.incoming, node.outgoing);
+    }
+    return new Response(JSON.stringify(rendered.body), {
+      status: rendered.status,
+      headers: rendered.headers,
+    });
   });
 
   /** Failures the HTTP layer must not count: the scheduler's events did (its refusals, engine failures), or no call was refused. */
@@ -560,9 +567,11 @@ export function createApp(options: AppOptions): Hono<Env> {
 }
 
 /** The Node request stream behind a request served by @hono/node-server (absent under `app.request()`). */
-function incomingOf(env: unknown): AsyncIterable<Uint8Array> | undefined {
-  const incoming = (env as { incoming?: AsyncIterable<Uint8Array> } | undefined)?.incoming;
-  return incoming && Symbol.asyncIterator in incoming ? incoming : undefined;
+function incomingOf(env: unknown): Readable | undefined {
+  const incoming = (env as { incoming?: Readable } | undefined)?.incoming;
+  return incoming && typeof incoming.on === "function" && typeof incoming.pause === "function"
+    ? incoming
+    : undefined;
 }
 
 /** A JSON body that may be absent (`POST /v1/sessions` with no body opens a session with defaults). */

@@ -1,5 +1,7 @@
 /** @module Calls in flight over HTTP, so a shutdown can stop taking new ones, wait for the rest, then cancel them. */
 
+import { setMaxListeners } from "node:events";
+
 /**
  * Counts completion requests from arrival (queued ones included) until their
  * response ends, and owns one abort signal every such request listens to.
@@ -9,6 +11,11 @@ export class CallTracker {
   private draining = false;
   private readonly controller = new AbortController();
   private waiters: (() => void)[] = [];
+
+  constructor() {
+    // Every call in flight listens to this signal: many listeners are the design, not a leak.
+    setMaxListeners(0, this.controller.signal);
+  }
 
   /** Aborted by `cancelAll()`: queued calls leave their queues, running calls stop. */
   get signal(): AbortSignal {

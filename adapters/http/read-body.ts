@@ -1,5 +1,6 @@
 /** @module Reads a JSON request body under a byte limit, refusing as soon as the limit is crossed. */
 
+import type { Readable } from "node:stream";
 import { Refusal } from "../../src/errors.js";
 
 /** Default request body limit: 4 MiB. */
@@ -18,7 +19,7 @@ function tooLarge(limitBytes: number, seen: number | undefined): Refusal {
 export async function readBodyText(
   request: Request,
   limitBytes: number,
-  incoming?: AsyncIterable<Uint8Array>,
+  incoming?: Readable,
 ): Promise<string> {
   const declared = request.headers.get("content-length");
   if (declared !== null) {
@@ -50,18 +51,49 @@ export async function readBodyText(
   return Buffer.concat(parts, total).toString("utf8");
 }
 
-async function readNodeBody(incoming: AsyncIterable<Uint8Array>, limitBytes: number): Promise<string> {
-  const parts: Uint8Array[] = [];
-  let total = 0;
-  for await (const part of incoming) {
-    total += part.byteLength;
-    if (total > limitBytes) {
-      (incoming as { destroy?: () => void }).destroy?.();
-      throw tooLarge(limitBytes, total);
-    }
-    parts.push(part);
-  }
-  return Buffer.concat(parts, total).toString("utf8");
+/**
+ * Reads a Node request stream under the limit. Past the limit it stops reading and leaves the stream
+ * paused, never destroyed: destroying would reset the connection before the 413 reaches the client
+ * (the refusal's sender closes the connection once the 413 is out; see `linger.ts`).
+ */
+function readNodeBody(incoming: Readable, limitBytes: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    let total = 0;
+    const cleanup = () => {
+      incoming.off("data", onData);
+      incoming.off("end", onEnd);
+      incoming.off("error", onError);
+      incoming.off("close", onClose);
+    };
+    const onData = (part: Buffer) => {
+      total += part.byteLength;
+      if (total > limitBytes) {
+        cleanup();
+        incoming.pause();
+        reject(tooLarge(limitBytes, total));
+        return;
+      }
+      parts.push(part);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(Buffer.concat(parts, total).toString("utf8"));
+    };
+    const onError = (err: Error) => {
+      cleanup();
+      reject(err);
+    };
+    const onClose = () => {
+      cleanup();
+      reject(new Refusal("invalid_request", "the request body ended before it was complete"));
+    };
+    incoming.on("data", onData);
+    incoming.once("end", onEnd);
+    incoming.once("error", onError);
+    incoming.once("close", onClose);
+    if (incoming.readableEnded) onEnd();
+  });
 }
 
 /** Deepest nesting of arrays and objects a JSON body may have. */
@@ -94,7 +126,7 @@ export function jsonDepthExceeds(text: string, limit: number): boolean {
 export async function readJsonBody(
   request: Request,
   limitBytes: number,
-  incoming?: AsyncIterable<Uint8Array>,
+  incoming?: Readable,
 ): Promise<unknown> {
   const text = await readBodyText(request, limitBytes, incoming);
   if (text.trim() === "")

@@ -1,6 +1,7 @@
 /** @module Incremental prompt tokenization: each chat message is tokenized once and cached, so a session's step pays only for its new messages. */
 
 import { LRUCache } from "lru-cache";
+import { Refusal } from "../errors.js";
 import type { Tokenizer } from "../tokenizer.js";
 import type { ChatMessage } from "../types.js";
 
@@ -42,9 +43,19 @@ export function renderChatMessage(message: ChatMessage): string {
   else if (typeof message.name === "string") header += `:${message.name}`;
   let out = `<|${header}|>\n${renderContent(message.content)}`;
   if (message.tool_calls !== undefined && message.tool_calls !== null) {
-    out += `\n${JSON.stringify(message.tool_calls)}`;
+    out += `\n${stringifyToolCalls(message.tool_calls)}`;
   }
   return `${out}\n<|end|>\n`;
+}
+
+/** Tool calls as JSON; nesting too deep to serialize is the caller's error (400), not a crash (500). */
+function stringifyToolCalls(toolCalls: unknown): string {
+  try {
+    return JSON.stringify(toolCalls);
+  } catch (error) {
+    if (!(error instanceof RangeError)) throw error;
+    throw new Refusal("invalid_request", "tool_calls nest too deeply to be read", { param: "tool_calls" });
+  }
 }
 
 function renderContent(content: unknown): string {
@@ -95,6 +106,71 @@ function cacheKey(rendered: string): string {
   return `\u0000${n}:${(h1 >>> 0).toString(36)}:${(h2 >>> 0).toString(36)}`;
 }
 
+/**
+ * Longest run of one kind (whitespace, or not) handed to the tokenizer in one piece, chars. BPE merges
+ * inside one pre-token cost O(n²): 4 MiB of "aaaa…", of spaces or of an unbroken CJK paragraph would
+ * hold the event loop for minutes. Ordinary text has no such runs and is tokenized whole, exactly.
+ */
+export const MAX_PIECE_RUN = 256;
+/** How far back from a forced cut to look for a letter–digit boundary (a pre-token boundary for o200k-style tokenizers), chars. */
+const CUT_SEARCH = 32;
+
+function isSpace(c: number): boolean {
+  return c === 32 || (c >= 9 && c <= 13) || c === 0xa0 || c === 0x3000 || (c >= 0x2000 && c <= 0x200a);
+}
+
+function isAsciiLetter(c: number): boolean {
+  return (c >= 65 && c <= 90) || (c >= 97 && c <= 122);
+}
+
+function isAsciiDigit(c: number): boolean {
+  return c >= 48 && c <= 57;
+}
+
+/**
+ * Splits a text so that no piece holds a run of more than `maxRun` characters of one kind; a text
+ * without such runs is returned as one piece. A cut inside a run of non-space characters goes to a
+ * letter–digit boundary when one is near (no token changes there), else where the run reaches
+ * `maxRun` (the count may then differ by a token from tokenizing the run whole). Never splits a
+ * surrogate pair.
+ */
+export function splitLongRuns(text: string, maxRun = MAX_PIECE_RUN): string[] {
+  if (text.length <= maxRun) return [text];
+  const pieces: string[] = [];
+  let start = 0;
+  let runStart = 0;
+  let runSpace = isSpace(text.charCodeAt(0));
+  for (let i = 1; i < text.length; i++) {
+    const space = isSpace(text.charCodeAt(i));
+    if (space !== runSpace) {
+      runStart = i;
+      runSpace = space;
+      continue;
+    }
+    if (i - runStart < maxRun) continue;
+    let cut = i;
+    if (!space) {
+      for (let j = i; j > i - CUT_SEARCH && j > runStart + 1; j--) {
+        const a = text.charCodeAt(j - 1);
+        const b = text.charCodeAt(j);
+        if ((isAsciiLetter(a) && isAsciiDigit(b)) || (isAsciiDigit(a) && isAsciiLetter(b))) {
+          cut = j;
+          break;
+        }
+      }
+    }
+    const code = text.charCodeAt(cut);
+    if (code >= 0xdc00 && code <= 0xdfff) cut++; // a low surrogate stays with its high one
+    if (cut >= text.length) break;
+    pieces.push(text.slice(start, cut));
+    start = cut;
+    runStart = cut;
+    i = cut;
+  }
+  pieces.push(text.slice(start));
+  return pieces;
+}
+
 /** Concatenates token arrays natively, in slices that stay far below the engine's argument limit. */
 function concatAll(parts: readonly (readonly number[])[]): number[] {
   if (parts.length === 1) return parts[0]!.slice();
@@ -137,15 +213,25 @@ export class PromptTokenizer {
     });
   }
 
-  /** The token ids of a chat prompt: the rendered messages' tokens, concatenated in order. */
-  chat(messages: readonly ChatMessage[]): number[] {
+  /**
+   * The token ids of a chat prompt: the rendered messages' tokens, concatenated in order. With
+   * `limitTokens`, stops as soon as more than that many were counted and returns that prefix
+   * (longer than the limit: enough to refuse the prompt without tokenizing all of it).
+   */
+  chat(messages: readonly ChatMessage[], limitTokens = Number.POSITIVE_INFINITY): number[] {
     const parts: (readonly number[])[] = [];
-    for (const message of messages) parts.push(this.message(message));
+    let total = 0;
+    for (const message of messages) {
+      const tokens = this.message(message, limitTokens - total);
+      parts.push(tokens);
+      total += tokens.length;
+      if (total > limitTokens) break;
+    }
     return concatAll(parts);
   }
 
-  /** The token ids of one rendered message (cached). */
-  message(message: ChatMessage): readonly number[] {
+  /** The token ids of one rendered message (cached; a message cut short by `limitTokens` is not). */
+  message(message: ChatMessage, limitTokens = Number.POSITIVE_INFINITY): readonly number[] {
     const rendered = renderChatMessage(message);
     const key = cacheKey(rendered);
     const hit = this.cache.get(key);
@@ -155,14 +241,14 @@ export class PromptTokenizer {
       return hit.tokens;
     }
     this.counters.cacheMisses++;
-    const tokens = this.encode(rendered);
-    this.cache.set(key, { rendered, tokens });
+    const { tokens, complete } = this.encode(rendered, limitTokens);
+    if (complete) this.cache.set(key, { rendered, tokens });
     return tokens;
   }
 
-  /** The token ids of a plain-text prompt (legacy completions). Not cached: it is one string. */
-  text(prompt: string): number[] {
-    return this.encode(prompt);
+  /** The token ids of a plain-text prompt (legacy completions); `limitTokens` as for {@link chat}. Not cached: it is one string. */
+  text(prompt: string, limitTokens = Number.POSITIVE_INFINITY): number[] {
+    return this.encode(prompt, limitTokens).tokens;
   }
 
   /** Work counters since construction (or the last `resetStats`). */
@@ -174,10 +260,26 @@ export class PromptTokenizer {
     this.counters = { tokenizedChars: 0, tokenizedTokens: 0, cacheHits: 0, cacheMisses: 0 };
   }
 
-  private encode(text: string): number[] {
-    const tokens = this.tokenizer.encode(text);
-    this.counters.tokenizedChars += text.length;
-    this.counters.tokenizedTokens += tokens.length;
-    return tokens;
+  /** Tokenizes piece by piece (see {@link splitLongRuns}), stopping once more than `limitTokens` were counted. */
+  private encode(text: string, limitTokens: number): { tokens: number[]; complete: boolean } {
+    const pieces = splitLongRuns(text);
+    const parts: number[][] = [];
+    let total = 0;
+    let chars = 0;
+    let complete = true;
+    for (let i = 0; i < pieces.length; i++) {
+      const piece = pieces[i]!;
+      const tokens = this.tokenizer.encode(piece);
+      parts.push(tokens);
+      total += tokens.length;
+      chars += piece.length;
+      if (total > limitTokens && i < pieces.length - 1) {
+        complete = false;
+        break;
+      }
+    }
+    this.counters.tokenizedChars += chars;
+    this.counters.tokenizedTokens += total;
+    return { tokens: parts.length === 1 ? parts[0]! : concatAll(parts), complete };
   }
 }
