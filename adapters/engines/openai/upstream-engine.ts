@@ -110,8 +110,9 @@ type AbortCause =
  * byte for byte (`chunk.raw`, one chunk per event; the closing `[DONE]` is not
  * forwarded, the transport writes its own), a non-streaming client gets text
  * chunks. Signals come from a periodic `/metrics` scrape (vLLM or SGLang
- * names, see `metrics-parser.ts`); a failed scrape or a refused connection
- * marks the replica unhealthy until the next good scrape.
+ * names, see `metrics-parser.ts`); a refused connection marks the replica
+ * unhealthy until the next good scrape, while a scrape that hangs or returns
+ * garbage only lets the signals go stale.
  */
 export class OpenAIUpstreamEngine implements Engine {
   readonly id: string;
@@ -222,8 +223,9 @@ export class OpenAIUpstreamEngine implements Engine {
   /**
    * Scrapes `/metrics` once now (the periodic loop calls this too) and
    * returns the resulting signals. Never rejects: a failure, a timeout or a
-   * page without engine metrics marks the replica unhealthy and keeps the
-   * last good values and their `readAtMs`, so their age shows.
+   * page without engine metrics keeps the last good values and their
+   * `readAtMs`, so their age shows; an unreachable replica is also marked
+   * unhealthy.
    */
   scrape(): Promise<EngineSignals> {
     if (this.scraping) return this.scraping;
@@ -244,8 +246,11 @@ export class OpenAIUpstreamEngine implements Engine {
       this.upstreamFlavor = parsed.flavor;
       this.lastReadAtMs = this.clock.now();
       this.healthy = true;
-    } catch {
-      this.healthy = false;
+    } catch (error) {
+      // Only a replica that cannot be reached at all is unhealthy. A /metrics page that hangs, errs or
+      // carries garbage leaves the last signals in place to age: stale signals fail closed for new
+      // sessions (SPEC 6) while active sessions, and the gate, go on.
+      if (isUnreachable(error)) this.healthy = false;
     }
     return this.signals();
   }
@@ -470,6 +475,20 @@ async function readText(response: Response, limit: number, signal: AbortSignal):
     throw signal.aborted ? new Error("aborted", { cause: error }) : error;
   }
   return Buffer.concat(parts).toString("utf8");
+}
+
+/** Connection-level failures: nothing listens there (or the host is gone), as opposed to a slow or bad answer. */
+const UNREACHABLE_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+]);
+
+function isUnreachable(error: unknown): boolean {
+  return UNREACHABLE_CODES.has(describeNetworkError(error));
 }
 
 function describeNetworkError(error: unknown): string {
