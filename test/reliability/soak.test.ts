@@ -1,0 +1,43 @@
+/**
+ * @module Overload soak in CI: the embedded fleet at 1.5 × its sustainable load for 60 s of real time
+ * (`SOAK_TEST_SECONDS` to change). Asserts correctness — every refusal a SPEC 8 envelope, no errors,
+ * nothing held afterwards — and only generous sanity bounds on the measured figures, which are
+ * recorded in `test/artifacts/reliability.json` (the README's table comes from `bench/soak.ts`).
+ */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { formatSoakTable, runSoakBench } from "../../bench/soak.js";
+import { recordFigures } from "./helpers.js";
+
+const SECONDS = Number(process.env.SOAK_TEST_SECONDS ?? "60");
+
+test(`${SECONDS} s at 1.5 × the sustainable load: admitted calls keep their SLO, refusals are fast and well-formed, nothing leaks`, async () => {
+  const result = await runSoakBench({ seconds: SECONDS, loadFactor: 1.5 });
+  await recordFigures("soak", result);
+  const table = formatSoakTable(result);
+  if (process.env.SOAK_PRINT) process.stderr.write(`${table}\n`);
+
+  assert.equal(result.errors, 0, `errors under overload: ${result.errorSamples.join("; ")}\n${table}`);
+  assert.equal(result.malformedRefusals, 0, `refusals without a SPEC 8 envelope\n${table}`);
+  assert.ok(result.admitted > 0, table);
+  // Above capacity for certain (the rate is an upper bound of what the fleet can serve): something is refused.
+  const refused = Object.values(result.refused).reduce((a, b) => a + b, 0);
+  assert.ok(refused > 0, `1.5 × load refused nothing: the sustainable rate is wrong\n${table}`);
+  for (const key of Object.keys(result.refused)) {
+    assert.match(
+      key,
+      /^(429 (queue_full|queue_timeout|token_budget_exhausted|deadline_infeasible|session_queue_full)|529 worker_overloaded|503 unavailable)$/,
+      table,
+    );
+  }
+  assert.deepEqual(
+    result.leftover,
+    { permits: 0, reservations: 0, windowSlots: 0, queued: 0, trackedCalls: 0 },
+    table,
+  );
+  // Sanity bounds only (a busy CI machine shares its two cores): the real figures are in the artifact.
+  assert.ok(result.sloAttainment >= 0.5, `SLO attainment ${result.sloAttainment}\n${table}`);
+  assert.ok(result.heapGrowthMiB < 256, `heap grew ${result.heapGrowthMiB} MiB\n${table}`);
+  assert.ok(result.eventLoopLagP99 < 2000, `event-loop lag p99 ${result.eventLoopLagP99} ms\n${table}`);
+});
