@@ -32,7 +32,7 @@ import type {
 } from "../../src/types.js";
 import { collectCall } from "../http/call-response.js";
 import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../http/openai-format.js";
-import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { DEFAULT_BODY_LIMIT_BYTES, jsonDepthExceeds, MAX_JSON_DEPTH } from "../http/read-body.js";
 import { sanitizeRequestId } from "../http/request-id.js";
 import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../http/schemas.js";
 import {
@@ -197,6 +197,12 @@ function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unk
   if (text.trim() === "") {
     if (emptyAs !== undefined) return emptyAs;
     throw new Refusal("invalid_request", "request payload is empty; expected a JSON object");
+  }
+  if (jsonDepthExceeds(text, MAX_JSON_DEPTH)) {
+    throw new Refusal(
+      "invalid_request",
+      `request payload nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`,
+    );
   }
   try {
     return JSON.parse(text);
