@@ -291,7 +291,7 @@ export class Scheduler {
       const session = req.sessionId === undefined ? undefined : await this.sessionFor(req.sessionId);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
-      const { tokens, complete } = this.tokenize(req.input, Math.max(0, contextWindow - maxTokens));
+      const { tokens, complete } = this.tokenize(req.input, contextWindow);
       if (tokens.length + maxTokens > contextWindow) {
         const counted = complete ? `${tokens.length}` : `at least ${tokens.length}`;
         throw new Refusal(
