@@ -95,7 +95,8 @@ export class VirtualClock implements Clock {
     for (let fired = 0; ; fired++) {
       const timer = this.popDue(Number.POSITIVE_INFINITY);
       if (!timer) return;
-      if (fired >= maxTimers) throw new Error(`runUntilIdle: more than ${maxTimers} timers fired; a timer re-arms itself forever`);
+      if (fired >= maxTimers)
+        throw new Error(`runUntilIdle: more than ${maxTimers} timers fired; a timer re-arms itself forever`);
       this.current = Math.max(this.current, timer.at);
       timer.fn();
     }

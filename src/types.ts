@@ -120,7 +120,13 @@ export interface ReplicaState {
     ranks: { rank: number; requests: number; waiting: number; queued: number }[];
     unranked: { requests: number; waiting: number; queued: number };
     limits: { engineRequestLimit: number; engineRequestWaitingLimit: number; requestQueueLimit: number };
-    counters: { received: number; admittedDirect: number; admittedQueue: number; rejected: number; cancelled: number };
+    counters: {
+      received: number;
+      admittedDirect: number;
+      admittedQueue: number;
+      rejected: number;
+      cancelled: number;
+    };
   };
   budget: { ceilingTokens: number; reservedTokens: number; availableTokens: number; guardTokens: number };
   lanes: Record<Lane, { queued: number; oldestAgeMs: number }>;
@@ -153,5 +159,9 @@ export interface SchedulerEvents {
   /** Mean gap between tokens of a finished call (ms), when it generated ≥ 2 tokens. */
   interToken?(e: { lane: Lane; replica: string; meanGapMs: number; tokens: number }): void;
   finished?(e: { lane: Lane; replica: string; outcome: CallOutcome }): void;
-  session?(e: { id: string; event: "admitted" | "paused" | "resumed" | "closed"; replica: string | null }): void;
+  session?(e: {
+    id: string;
+    event: "admitted" | "paused" | "resumed" | "closed";
+    replica: string | null;
+  }): void;
 }

@@ -1,13 +1,27 @@
 /** @module The `sluice` command line: dispatches to one module per subcommand. */
 
-const COMMANDS: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> =
-  {
-    serve: { summary: "run the scheduler (simulated replicas unless --upstream)", load: () => import("./serve.js") },
-    sim: { summary: "run one simulated vLLM-like replica as an HTTP server", load: () => import("./sim.js") },
-    bench: { summary: "compare policies on simulated replicas in virtual time", load: () => import("./bench.js") },
-    tune: { summary: "suggest the waiting limit from two /metrics scrapes (Little's law)", load: () => import("./tune.js") },
-    gate: { summary: "run the per-rank gate as a sidecar in front of one engine", load: () => import("./gate.js") },
-  };
+const COMMANDS: Record<
+  string,
+  { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }
+> = {
+  serve: {
+    summary: "run the scheduler (simulated replicas unless --upstream)",
+    load: () => import("./serve.js"),
+  },
+  sim: { summary: "run one simulated vLLM-like replica as an HTTP server", load: () => import("./sim.js") },
+  bench: {
+    summary: "compare policies on simulated replicas in virtual time",
+    load: () => import("./bench.js"),
+  },
+  tune: {
+    summary: "suggest the waiting limit from two /metrics scrapes (Little's law)",
+    load: () => import("./tune.js"),
+  },
+  gate: {
+    summary: "run the per-rank gate as a sidecar in front of one engine",
+    load: () => import("./gate.js"),
+  },
+};
 
 function usage(): string {
   const lines = ["usage: sluice <command> [flags]", "", "commands:"];
