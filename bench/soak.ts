@@ -13,6 +13,7 @@ import vm from "node:vm";
 import { type RunningServer, startServer } from "../adapters/cli/serve.js";
 import { type PresetOverrides, resolveSimParams, stepTimeMs } from "../adapters/engines/sim/presets.js";
 import { createTokenizer } from "../adapters/tokenizers/index.js";
+import { defaultStatus, isRefusalReason } from "../src/errors.js";
 import type { IdleCheck } from "../src/scheduler.js";
 import { quantile, round } from "./stats.js";
 
@@ -144,23 +145,6 @@ function forcedGc(): (() => void) | undefined {
     return undefined;
   }
 }
-
-const SPEC8: Record<number, readonly string[]> = {
-  400: ["invalid_request"],
-  401: ["unauthorized"],
-  404: ["model_not_found", "session_not_found"],
-  413: ["context_limit", "overflow", "body_too_large"],
-  429: [
-    "queue_full",
-    "queue_timeout",
-    "token_budget_exhausted",
-    "deadline_infeasible",
-    "session_queue_full",
-    "rate_limited",
-  ],
-  503: ["unavailable"],
-  529: ["worker_overloaded"],
-};
 
 interface CallRecord {
   status: number;
@@ -378,7 +362,10 @@ export async function runSoakBench(options: SoakOptions = {}): Promise<SoakResul
       continue;
     }
     if (record.status === 200) continue;
-    const valid = record.reason !== undefined && (SPEC8[record.status] ?? []).includes(record.reason);
+    const valid =
+      record.reason !== undefined &&
+      isRefusalReason(record.reason) &&
+      (defaultStatus(record.reason) === record.status || record.reason === "worker_overloaded");
     if (!valid) malformed++;
     if (record.status >= 500 && record.status !== 503 && record.status !== 529) {
       errors++;

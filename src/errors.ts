@@ -49,7 +49,8 @@ export interface RefusalInit {
   cause?: unknown;
 }
 
-const DEFAULT_STATUS: Record<RefusalReason, number> = {
+/** The HTTP status SPEC 8 gives each reason (`worker_overloaded`: 529 unless configured otherwise). */
+export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   invalid_request: 400,
   unauthorized: 401,
   model_not_found: 404,
@@ -69,7 +70,12 @@ const DEFAULT_STATUS: Record<RefusalReason, number> = {
 
 /** The HTTP status SPEC 8 gives a reason (529 for `worker_overloaded` unless configured otherwise). */
 export function defaultStatus(reason: RefusalReason): number {
-  return DEFAULT_STATUS[reason];
+  return REFUSAL_STATUS[reason];
+}
+
+/** Whether a string is one of SPEC 8's reasons. */
+export function isRefusalReason(reason: string): reason is RefusalReason {
+  return Object.hasOwn(REFUSAL_STATUS, reason);
 }
 
 /** Statuses that tell a client to come back later, and so carry `Retry-After`. */
@@ -95,7 +101,7 @@ export class Refusal extends Error {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = "Refusal";
     this.reason = reason;
-    this.status = init.status ?? DEFAULT_STATUS[reason];
+    this.status = init.status ?? REFUSAL_STATUS[reason];
     this.scope = init.scope;
     this.rank = init.rank;
     this.lane = init.lane;

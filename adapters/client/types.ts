@@ -1,5 +1,6 @@
 /** @module What the client speaks: OpenAI chat shapes, sluice's error, and the transport port (HTTP or NATS). */
 
+import { REFUSAL_STATUS } from "../../src/errors.js";
 /** An OpenAI chat message. */
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "tool" | (string & {});
@@ -60,23 +61,7 @@ export interface ErrorEnvelope {
 }
 
 /** The HTTP status SPEC 8 gives each reason (used when a transport carries only the reason). */
-export const REASON_STATUS: Readonly<Record<string, number>> = {
-  invalid_request: 400,
-  unauthorized: 401,
-  model_not_found: 404,
-  session_not_found: 404,
-  context_limit: 413,
-  overflow: 413,
-  body_too_large: 413,
-  queue_full: 429,
-  queue_timeout: 429,
-  token_budget_exhausted: 429,
-  deadline_infeasible: 429,
-  session_queue_full: 429,
-  rate_limited: 429,
-  worker_overloaded: 529,
-  unavailable: 503,
-};
+export const REASON_STATUS: Readonly<Record<string, number>> = REFUSAL_STATUS;
 
 /**
  * Every "no" the client reports: a refusal sluice sent (status, reason, the

@@ -383,19 +383,6 @@ export function createApp(options: AppOptions): Hono<Env> {
     return c.json({ id: view.id, state: view.state }, 201);
   });
 
-  const sessionView = (view: SessionView) => {
-    const out: Record<string, unknown> = {
-      id: view.id,
-      state: view.state,
-      replica: view.replica,
-      steps: view.steps,
-      tokens: view.tokens,
-    };
-    if (view.lane !== undefined) out.lane = view.lane;
-    if (view.metadata !== undefined) out.metadata = view.metadata;
-    return out;
-  };
-
   // The id comes from the path: echo a bounded prefix of it, never an arbitrarily long one.
   const unknownSession = (id: string) =>
     new Refusal(
@@ -407,7 +394,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     const id = c.req.param("id") ?? "";
     const view = scheduler.getSession(id);
     if (!view) throw unknownSession(id);
-    return c.json(sessionView(view));
+    return c.json(view);
   });
 
   app.delete("/v1/sessions/:id", requireKey, (c) => {

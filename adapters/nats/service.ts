@@ -512,19 +512,6 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
 
   // --- sessions ----------------------------------------------------------------------------------
 
-  const sessionView = (view: SessionView): Record<string, unknown> => {
-    const out: Record<string, unknown> = {
-      id: view.id,
-      state: view.state,
-      replica: view.replica,
-      steps: view.steps,
-      tokens: view.tokens,
-    };
-    if (view.lane !== undefined) out.lane = view.lane;
-    if (view.metadata !== undefined) out.metadata = view.metadata;
-    return out;
-  };
-
   const unknownSession = (id: string) =>
     new Refusal("session_not_found", `no session ${JSON.stringify(id)}`, { param: "id" });
 
@@ -566,7 +553,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   const getLocal = (id: string) => {
     const view = scheduler.getSession(id);
     if (!view) throw unknownSession(id);
-    return sessionView(view);
+    return view;
   };
 
   const handleOpen = async (msg: ServiceMsg, handedOver: boolean) => {
