@@ -333,6 +333,8 @@ export class Scheduler {
       this.checkOverloadStage(lane, req.priority ?? 0);
       return await this.admit(req, { model, tokens, maxTokens, lane, session });
     } catch (error) {
+      // A hint from another frontend is for this session's first admission only.
+      if (req.sessionId !== undefined) this.pinHints.delete(req.sessionId);
       if (error instanceof Refusal) {
         const refusal = error.lane || !lane ? error : error.with({ lane });
         this.rejections[refusal.reason] = (this.rejections[refusal.reason] ?? 0) + 1;
