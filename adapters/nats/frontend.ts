@@ -17,6 +17,9 @@ import { KvSessionDirectory, SESSIONS_BUCKET } from "./session-directory.js";
 import { KvWindowAuthority, WINDOWS_BUCKET, type WindowScheduler } from "./window-authority.js";
 
 /** Options of {@link connectNatsFrontend}. */
+/** Longest an orderly NATS shutdown (service stop, drain) may take before the connection is closed outright, ms. */
+const CLOSE_TIMEOUT_MS = 3000;
+
 export interface NatsFrontendOptions {
   /** NATS server URL(s), e.g. `nats://127.0.0.1:4222`. */
   servers: string | string[];
@@ -191,12 +194,21 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
     },
     async close() {
       closing = true;
-      await service?.stop();
-      await windowAuthority?.close();
-      await sessionDirectory?.close();
-      if (!nc.isClosed()) {
-        await nc.drain().catch(() => nc.close());
-      }
+      const orderly = (async () => {
+        await service?.stop();
+        await windowAuthority?.close();
+        await sessionDirectory?.close();
+        if (!nc.isClosed()) await nc.drain();
+      })().catch(() => undefined);
+      // A connection caught mid-reconnect can leave a drain waiting forever; shutdown must not.
+      let timer: NodeJS.Timeout | undefined;
+      const bounded = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, CLOSE_TIMEOUT_MS);
+        timer.unref();
+      });
+      await Promise.race([orderly, bounded]);
+      clearTimeout(timer);
+      if (!nc.isClosed()) await nc.close().catch(() => undefined);
     },
   };
 }
