@@ -203,3 +203,27 @@ export class EngineError extends Error {
     this.name = "EngineError";
   }
 }
+
+/**
+ * Any failure as a `Refusal`, so each transport maps everything through one
+ * renderer: an engine failure and a call cancelled before it ran are 503
+ * `unavailable` (SPEC 8 gives that reason one status); anything else is a 500.
+ */
+export function toRefusal(err: unknown): Refusal {
+  if (err instanceof Refusal) return err;
+  if (err instanceof Error && err.name === "EngineError") {
+    return new Refusal("unavailable", `engine failed: ${err.message}`, { status: 503, cause: err });
+  }
+  if (err instanceof Error && (err.name === "AbortError" || err.name === "TimeoutError")) {
+    return new Refusal(
+      "unavailable",
+      "the call was cancelled before it could run (client gone, timeout or shutdown)",
+      {
+        status: 503,
+        cause: err,
+      },
+    );
+  }
+  const message = err instanceof Error ? err.message : String(err);
+  return new Refusal("unavailable", `internal error: ${message}`, { status: 500, cause: err });
+}

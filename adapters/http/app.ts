@@ -7,7 +7,7 @@ import { Hono } from "hono";
 import { cors } from "hono/cors";
 import { Registry } from "prom-client";
 import { followAbort } from "../../src/abort.js";
-import { Refusal, renderRefusal } from "../../src/errors.js";
+import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import type {
   AdminState,
   AdmittedCall,
@@ -98,23 +98,6 @@ function validateOptions(options: AppOptions): void {
   if (options.adminKey !== undefined && options.adminKey.length < 8) {
     throw new RangeError(`adminKey must have at least 8 characters, got ${options.adminKey.length}`);
   }
-}
-
-/** Any failure as a Refusal, so one renderer maps everything. */
-function asRefusal(err: unknown): Refusal {
-  if (err instanceof Refusal) return err;
-  if (err instanceof Error && err.name === "EngineError") {
-    return new Refusal("unavailable", `engine failed: ${err.message}`, { status: 502, cause: err });
-  }
-  if (err instanceof Error && err.name === "AbortError") {
-    // The client left while queued (nobody reads this), or a shutdown cancelled the wait.
-    return new Refusal("unavailable", "the call was cancelled before it was admitted", {
-      status: 503,
-      cause: err,
-    });
-  }
-  const message = err instanceof Error ? err.message : String(err);
-  return new Refusal("unavailable", `internal error: ${message}`, { status: 500, cause: err });
 }
 
 function bearerOf(header: string | undefined): string | undefined {
@@ -208,11 +191,11 @@ export function createApp(options: AppOptions): Hono<Env> {
 
   const app = new Hono<Env>();
 
-  const renderError = (err: unknown, requestId: string) => renderRefusal(asRefusal(err), requestId);
+  const renderError = (err: unknown, requestId: string) => renderRefusal(toRefusal(err), requestId);
 
   app.onError(function refusalToResponse(err, c) {
     const requestId = c.get("requestId") ?? sanitizeRequestId(undefined);
-    const refusal = asRefusal(err);
+    const refusal = toRefusal(err);
     // Refusals the scheduler decides reach the metrics through its events; the rest are the HTTP layer's own.
     if (!uncounted.has(err)) {
       metrics.recordRefusal({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
@@ -538,7 +521,7 @@ export function createApp(options: AppOptions): Hono<Env> {
       });
     } catch (err) {
       // Nothing was sent yet, so the failure can still be an ordinary error response.
-      throw leaveUncounted(asRefusal(err).with({ lane: call.lane }));
+      throw leaveUncounted(toRefusal(err).with({ lane: call.lane }));
     } finally {
       finish();
     }

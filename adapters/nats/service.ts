@@ -19,7 +19,7 @@ import {
   type ServiceMsg,
 } from "nats";
 import type { EngineChunk, EngineResult } from "../../src/engine.js";
-import { Refusal, renderRefusal } from "../../src/errors.js";
+import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import type {
   AdmittedCall,
   CallRequest,
@@ -116,22 +116,6 @@ function positiveOption(name: string, value: number): number {
   if (!(Number.isFinite(value) && value > 0))
     throw new RangeError(`${name} must be a positive number, got ${value}`);
   return value;
-}
-
-/** Any failure as a Refusal, so one renderer maps everything (as the HTTP app does). */
-function asRefusal(err: unknown): Refusal {
-  if (err instanceof Refusal) return err;
-  if (err instanceof Error && err.name === "EngineError") {
-    return new Refusal("unavailable", `engine failed: ${err.message}`, { status: 502, cause: err });
-  }
-  if (err instanceof Error && (err.name === "AbortError" || err.name === "TimeoutError")) {
-    return new Refusal("unavailable", "call cancelled before it could run (requester timeout or shutdown)", {
-      status: 503,
-      cause: err,
-    });
-  }
-  const message = err instanceof Error ? err.message : String(err);
-  return new Refusal("unavailable", `internal error: ${message}`, { status: 500, cause: err });
 }
 
 function headerOf(msg: ServiceMsg, name: string): string | undefined {
@@ -290,7 +274,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
 
   /** Answers with a service error; `decidedHere` says the scheduler did not already count it. */
   const respondRefusal = (msg: ServiceMsg, err: unknown, requestId: string, decidedHere: boolean) => {
-    const refusal = asRefusal(err);
+    const refusal = toRefusal(err);
     noteRefusal(refusal, decidedHere);
     const { hdrs, body, status } = refusalHeaders(refusal, requestId);
     try {
@@ -407,7 +391,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
           try {
             payload = await collectCall({ call, ctx });
           } catch (err) {
-            throw asRefusal(err).with({ lane: call.lane });
+            throw toRefusal(err).with({ lane: call.lane });
           }
           msg.respond(encoder.encode(JSON.stringify(payload)), { headers: meta });
         }
@@ -488,7 +472,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     } catch (err) {
       if (gone.signal.aborted) return;
       // Chunks went out already: the failure travels inside the stream, then the done marker.
-      const refusal = asRefusal(err).with({ lane: call.lane });
+      const refusal = toRefusal(err).with({ lane: call.lane });
       noteRefusal(refusal, true);
       const { hdrs, body, status } = refusalHeaders(refusal, requestId);
       hdrs.set(HEADERS.serviceErrorCode, String(status));

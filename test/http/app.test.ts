@@ -590,7 +590,7 @@ describe("engine output", () => {
       method: "POST",
       json: chat({ max_tokens: 20 }),
     });
-    assertRefusal(response, text, 502, "unavailable");
+    assertRefusal(response, text, 503, "unavailable");
     assertIdle(scheduler);
   });
 
