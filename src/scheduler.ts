@@ -765,14 +765,18 @@ export class Scheduler {
         const fresh = !stale && signals.healthy;
         const signal = { kvUsage: signals.kvUsage, hitRate };
         // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
-        if (fresh) replica.window.observe(signal);
+        // An interval without prefix lookups measured no hit rate: the window may still grow on low
+        // KV usage, but it does not shrink on a rate carried over from an interval it already acted on
+        // (that halved it twice for one thrash episode).
+        const lawApplies = fresh && (replica.hitRate.measured || signal.kvUsage <= this.config.window.kvHigh);
+        if (lawApplies) replica.window.observe(signal);
         if (this.windowAuthority) {
           const counts = this.admission.replicaCounts(replica.id);
           const grant = this.windowAuthority.decide({
             replica: replica.id,
             proposedSize: replica.window.size,
             law: (current: number) =>
-              fresh
+              lawApplies
                 ? new AimdWindow({
                     ...this.config.window,
                     initial: clampWindow(current, this.config),

@@ -26,7 +26,8 @@ function clampRatio(value: number): number {
  *   stands in (a warm cache behind a freshly started scheduler is not
  *   mistaken for a cold one, which would shrink the window for nothing).
  * - An interval with no lookups holds the previous value: an idle replica
- *   tells nothing about its cache.
+ *   tells nothing about its cache. `measured` says whether the last reading
+ *   saw lookups, so a control law can tell a fresh rate from a held one.
  * - A counter that goes down means the engine (or one of the ranks summed
  *   into it) restarted: the reading becomes the new baseline and the value is
  *   held. It is not taken as a delta from zero because a sum over ranks only
@@ -37,6 +38,7 @@ export class HitRateMeter {
   private current: number;
   private lastQueries = 0;
   private lastHits = 0;
+  private sawLookups = false;
 
   constructor(options: HitRateMeterOptions = {}) {
     const initial = options.initial ?? 0;
@@ -49,6 +51,11 @@ export class HitRateMeter {
   /** The hit rate over the last interval that had lookups (0–1). */
   get value(): number {
     return this.current;
+  }
+
+  /** Whether the last reading's interval had lookups (false before the first, and after a reset). */
+  get measured(): boolean {
+    return this.sawLookups;
   }
 
   /** Tokens looked up and found in the last interval that had lookups. */
@@ -67,6 +74,7 @@ export class HitRateMeter {
     }
     const previous = this.baseline;
     this.baseline = { hits, queries };
+    this.sawLookups = false;
     if (previous === undefined) {
       if (queries > 0) this.set(hits, queries);
       return this.current;
@@ -87,6 +95,7 @@ export class HitRateMeter {
   }
 
   private set(hits: number, queries: number): void {
+    this.sawLookups = true;
     this.lastHits = hits;
     this.lastQueries = queries;
     // Counters scraped at slightly different instants can show more hits than lookups.

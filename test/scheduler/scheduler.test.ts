@@ -282,6 +282,33 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("halves the window once per measured thrash interval, not again on a rate an idle interval did not measure", async () => {
+    const { clock, scheduler, engines } = fleet(1);
+    const windowSize = () => scheduler.state().replicas[0]!.window.size;
+    let lookups = { hits: 0, queries: 0 };
+    engines[0]!.bend = (signals) => ({
+      ...signals,
+      kvUsage: 0.8,
+      prefixHitTokens: lookups.hits,
+      prefixQueryTokens: lookups.queries,
+    });
+    await clock.advanceAsync(2_000); // baseline reading
+    const start = windowSize()!;
+    lookups = { hits: 50, queries: 1000 }; // one interval: 5 % hits at 80 % KV → thrash
+    await clock.advanceAsync(2_000);
+    assert.equal(windowSize(), Math.floor(start / 2));
+    await clock.advanceAsync(2_000); // no lookups: nothing new measured
+    await clock.advanceAsync(2_000);
+    assert.equal(windowSize(), Math.floor(start / 2), "the carried-over rate does not shrink it again");
+    lookups = { hits: 60, queries: 2000 }; // a second measured thrash interval
+    await clock.advanceAsync(2_000);
+    assert.equal(windowSize(), Math.floor(start / 4));
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0 }); // low KV grows it without lookups
+    await clock.advanceAsync(2_000);
+    assert.equal(windowSize(), Math.floor(start / 4) + 2);
+    assertIdle(scheduler);
+  });
+
   it("fails closed on stale signals for new sessions while active ones continue", async () => {
     const { clock, scheduler, engines } = fleet(1);
     const active = await run(clock, scheduler.submit(request({ sessionId: "old" })));

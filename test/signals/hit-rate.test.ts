@@ -37,6 +37,19 @@ describe("HitRateMeter", () => {
     assert.equal(m.observe({ hits: 80, queries: 200 }), 0.3);
   });
 
+  it("says whether the last interval measured anything", () => {
+    const m = new HitRateMeter();
+    assert.equal(m.measured, false);
+    m.observe({ hits: 0, queries: 0 });
+    assert.equal(m.measured, false, "no lookups yet");
+    m.observe({ hits: 50, queries: 100 });
+    assert.equal(m.measured, true);
+    m.observe({ hits: 50, queries: 100 });
+    assert.equal(m.measured, false, "a held value is not a measurement");
+    m.observe({ hits: 10, queries: 20 });
+    assert.equal(m.measured, false, "nor is a restart's baseline");
+  });
+
   it("treats a counter going down as an engine restart: new baseline, value held", () => {
     const m = new HitRateMeter();
     m.observe({ hits: 5000, queries: 10_000 });
