@@ -9,6 +9,8 @@ export interface SeenRequest {
   path: string;
   headers: IncomingMessage["headers"];
   body: string;
+  /** The client's port: the same for calls that reused a keep-alive connection. */
+  remotePort: number | undefined;
   /** Settles when the connection to the client closed before the response finished (the client aborted). */
   aborted: Promise<void>;
   /** Whether the client closed the connection before the response finished. */
@@ -56,6 +58,7 @@ export async function startFakeUpstream(routes: Record<string, Handler>): Promis
         path: (req.url ?? "").split("?")[0] ?? "",
         headers: req.headers,
         body: Buffer.concat(chunks).toString("utf8"),
+        remotePort: req.socket.remotePort,
         aborted: closed.promise,
         wasAborted: () => aborted,
       };

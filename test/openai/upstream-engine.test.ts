@@ -138,6 +138,32 @@ describe("OpenAIUpstreamEngine: streaming pass-through", () => {
     assert.equal(up.requests[0]!.headers["x-request-id"], "req-1");
   });
 
+  it("keeps one upstream connection for consecutive calls, streamed to [DONE] or answered whole", async () => {
+    const up = await upstream({
+      [CHAT]: (req, res) => {
+        if ((JSON.parse(req.body) as { stream?: boolean }).stream) {
+          startSse(res);
+          sse(res, chatChunk({ content: "a" }, "stop"));
+          sse(res, "[DONE]");
+          res.end();
+        } else {
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end(JSON.stringify({ choices: [{ message: { content: "a" }, finish_reason: "stop" }] }));
+        }
+      },
+    });
+    const engine = engineFor(up);
+    const kinds = [true, true, false, true, true, false, true, true];
+    for (const stream of kinds) {
+      const call = await engine.generate(makeCall({ stream }));
+      await collect(call);
+      assert.equal((await call.result).finishReason, "stop");
+    }
+    const ports = new Set(up.requests.filter((r) => r.path === CHAT).map((r) => r.remotePort));
+    // The next call may start before the last one's connection is back in the pool, hence 2, not 1.
+    assert.ok(ports.size <= 2, `${kinds.length} calls used ${ports.size} connections`);
+  });
+
   it("forwards the usage event when the client asked for it, and counts tokens when no usage comes", async () => {
     const up = await upstream({
       [CHAT]: (req, res) => {

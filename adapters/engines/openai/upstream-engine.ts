@@ -14,6 +14,12 @@ import {
 import { EngineError, Refusal, type RefusalReason } from "../../../src/errors.js";
 import { type EngineFlavor, parseEngineMetrics, type ScrapedSignals } from "./metrics-parser.js";
 import { type SseEvent, SseSplitter } from "./sse.js";
+import {
+  fetchTransport,
+  type UpstreamResponse,
+  type UpstreamTransport,
+  undiciTransport,
+} from "./transport.js";
 
 /** Options of `OpenAIUpstreamEngine`. */
 export interface OpenAIUpstreamOptions {
@@ -31,7 +37,7 @@ export interface OpenAIUpstreamOptions {
   requestTimeoutMs?: number;
   /** Sent as `Authorization: Bearer …` to the upstream. */
   apiKey?: string;
-  /** The `fetch` to use (default the global one); tests inject faults through it. */
+  /** A WHATWG `fetch` to use instead of undici's pooled `request` (tests inject faults through it). */
   fetch?: typeof globalThis.fetch;
   /** Model names to report until `/v1/models` answered. */
   models?: readonly string[];
@@ -122,7 +128,7 @@ export class OpenAIUpstreamEngine implements Engine {
   private readonly scrapeTimeoutMs: number;
   private readonly requestTimeoutMs: number | undefined;
   private readonly apiKey: string | undefined;
-  private readonly fetchImpl: typeof globalThis.fetch;
+  private readonly transport: UpstreamTransport;
   private readonly presetModels: readonly string[];
   private readonly maxScrapeBytes: number;
 
@@ -153,7 +159,7 @@ export class OpenAIUpstreamEngine implements Engine {
         ? undefined
         : positive("requestTimeoutMs", options.requestTimeoutMs);
     this.apiKey = options.apiKey;
-    this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.transport = options.fetch ? fetchTransport(options.fetch) : undiciTransport();
     this.presetModels = [...(options.models ?? [])];
     const maxScrapeBytes = options.maxScrapeBytes ?? 16 * 1024 * 1024;
     if (!(Number.isInteger(maxScrapeBytes) && maxScrapeBytes > 0)) {
@@ -186,6 +192,7 @@ export class OpenAIUpstreamEngine implements Engine {
     for (const controller of this.background) controller.abort();
     for (const abort of [...this.running]) abort({ kind: "closed" });
     await this.scraping?.catch(() => undefined);
+    await this.transport.close();
   }
 
   /** Model names, from `/v1/models` once it answered (else the `models` option). */
@@ -291,12 +298,13 @@ export class OpenAIUpstreamEngine implements Engine {
     this.background.add(controller);
     const cancelTimer = this.clock.setTimeout(() => controller.abort(), this.scrapeTimeoutMs);
     try {
-      const response = await this.fetchImpl(this.baseUrl + path, {
+      const response = await this.transport.send(this.baseUrl + path, {
+        method: "GET",
         headers: this.headers({ accept: "text/plain, application/json;q=0.9, */*;q=0.1" }),
         signal: controller.signal,
       });
       const text = await readText(response, this.maxScrapeBytes, controller.signal);
-      if (!response.ok) throw new Error(`GET ${path} answered ${response.status}`);
+      if (!isSuccess(response)) throw new Error(`GET ${path} answered ${response.status}`);
       return text;
     } finally {
       cancelTimer();
@@ -343,9 +351,9 @@ export class OpenAIUpstreamEngine implements Engine {
         ? undefined
         : this.clock.setTimeout(() => abort({ kind: "timeout", ms: timeoutMs }), timeoutMs);
 
-    let response: Response;
+    let response: UpstreamResponse;
     try {
-      response = await this.fetchImpl(
+      response = await this.transport.send(
         `${this.baseUrl}/v1/${call.endpoint === "chat" ? "chat/completions" : "completions"}`,
         {
           method: "POST",
@@ -360,7 +368,7 @@ export class OpenAIUpstreamEngine implements Engine {
       throw this.failureBeforeHeaders(call, cause, error);
     }
 
-    if (!response.ok) {
+    if (!isSuccess(response)) {
       // The error body is small; bound its read so a stalled upstream cannot hold the caller.
       cancelTimer?.();
       const bodyTimer = this.clock.setTimeout(
@@ -456,22 +464,22 @@ function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
+function isSuccess(response: UpstreamResponse): boolean {
+  return response.status >= 200 && response.status < 300;
+}
+
 /** Reads a body as text up to `limit` bytes; throws when larger or aborted. */
-async function readText(response: Response, limit: number, signal: AbortSignal): Promise<string> {
-  if (!response.body) return "";
-  const reader = response.body.getReader();
+async function readText(response: UpstreamResponse, limit: number, signal: AbortSignal): Promise<string> {
   const parts: Uint8Array[] = [];
   let size = 0;
   try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      size += value.byteLength;
+    for await (const part of response.body) {
+      size += part.byteLength;
       if (size > limit) throw new Error(`body larger than ${limit} bytes`);
-      parts.push(value);
+      parts.push(part);
     }
   } catch (error) {
-    await reader.cancel().catch(() => undefined);
+    response.cancel();
     throw signal.aborted ? new Error("aborted", { cause: error }) : error;
   }
   return Buffer.concat(parts).toString("utf8");
@@ -502,8 +510,8 @@ function describeNetworkError(error: unknown): string {
 }
 
 /** Retry-After from the upstream: delta seconds or an HTTP date. */
-function retryAfterOf(response: Response): number | undefined {
-  const header = response.headers.get("retry-after")?.trim();
+function retryAfterOf(response: UpstreamResponse): number | undefined {
+  const header = response.header("retry-after")?.trim();
   if (!header) return undefined;
   if (/^\d+(\.\d+)?$/.test(header)) return Number(header);
   const at = Date.parse(header);
@@ -528,7 +536,7 @@ function upstreamMessage(text: string): { message: string; code?: string } {
 }
 
 /** Maps an upstream error answer (before any output) to a refusal the client can act on. */
-function refusalFor(response: Response, text: string, replica: string): Refusal {
+function refusalFor(response: UpstreamResponse, text: string, replica: string): Refusal {
   const status = response.status;
   const { message, code } = upstreamMessage(text);
   const retryAfterSeconds = retryAfterOf(response);
@@ -673,7 +681,7 @@ class UpstreamStream implements EngineStream {
 
   constructor(
     private readonly call: EngineCall,
-    private readonly response: Response,
+    private readonly response: UpstreamResponse,
     private readonly signal: AbortSignal,
     private readonly causeOf: () => AbortCause | undefined,
     private readonly abort: (cause: AbortCause) => void,
@@ -697,7 +705,7 @@ class UpstreamStream implements EngineStream {
       this.fail(new EngineError(`replica closed while call ${this.call.requestId} ran`));
     else if (cause.kind === "timeout") this.fail(new EngineError(`upstream timed out after ${cause.ms} ms`));
     else this.succeed("abort");
-    if (!this.iterated) this.response.body?.cancel().catch(() => undefined);
+    if (!this.iterated) this.response.cancel();
   }
 
   /**
@@ -728,7 +736,7 @@ class UpstreamStream implements EngineStream {
 
   private async *iterate(): AsyncGenerator<UpstreamChunk, void, undefined> {
     try {
-      const contentType = this.response.headers.get("content-type") ?? "";
+      const contentType = this.response.header("content-type") ?? "";
       if (!contentType.includes("text/event-stream") && contentType.includes("json")) {
         yield* this.wholeJson();
       } else {
@@ -742,16 +750,14 @@ class UpstreamStream implements EngineStream {
   }
 
   private async *events(): AsyncGenerator<UpstreamChunk, void, undefined> {
-    const body = this.response.body;
-    if (!body) throw this.fail(new EngineError("upstream answered 2xx without a body"));
-    const reader = body.getReader();
+    const reader = this.response.body[Symbol.asyncIterator]();
     const splitter = new SseSplitter();
     let sawDone = false;
     try {
       while (!sawDone) {
-        let read: ReadableStreamReadResult<Uint8Array>;
+        let read: IteratorResult<Uint8Array>;
         try {
-          read = await reader.read();
+          read = await reader.next();
         } catch (error) {
           this.throwUnlessConsumerStopped(error);
           return;
@@ -775,8 +781,9 @@ class UpstreamStream implements EngineStream {
       }
       this.succeed(this.finish ?? "stop");
     } finally {
-      // After `[DONE]` nothing more is wanted; otherwise this closes the upstream connection.
-      await reader.cancel().catch(() => undefined);
+      // After `[DONE]` nothing more is wanted and the connection can be reused; otherwise it is closed.
+      if (sawDone) this.response.release();
+      else this.response.cancel();
     }
   }
 
