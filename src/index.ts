@@ -14,7 +14,13 @@ export {
 export * from "./engine.js";
 export * from "./errors.js";
 export * from "./gate/index.js";
-export { BlockHasher, blockHashes, blockHashesFrom, longestPrefixMatch } from "./routing/block-hash.js";
+export {
+  BlockHasher,
+  blockHashes,
+  blockHashesFrom,
+  extendBlockHashes,
+  longestPrefixMatch,
+} from "./routing/block-hash.js";
 export {
   choosePlacement,
   type Placement,

@@ -23,7 +23,7 @@ import type { Engine, EngineResult, EngineStream } from "./engine.js";
 import { EngineError, Refusal } from "./errors.js";
 import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
-import { blockHashesFrom } from "./routing/block-hash.js";
+import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
 import { choosePlacement, type Placement as PlacementDecision } from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
@@ -595,9 +595,10 @@ export class Scheduler {
         if (outcome === "ok") replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
         if (outcome === "ok" && replica.index) {
-          const context = outputTokens.length > 0 ? [...held.tokens, ...outputTokens] : held.tokens;
-          const contextHashes = blockHashesFrom(held.hashes, context, this.config.blockSize);
-          replica.index.record(contextHashes);
+          const blockSize = this.config.blockSize;
+          const promptBlocks = Math.floor(held.tokens.length / blockSize);
+          const tail = held.tokens.slice(promptBlocks * blockSize).concat(outputTokens);
+          replica.index.record(extendBlockHashes(held.hashes, tail, blockSize));
         }
         if (session) {
           this.admission.endStep(session, {

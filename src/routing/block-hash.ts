@@ -159,6 +159,26 @@ export function blockHashesFrom(
 }
 
 /**
+ * The hashes of a sequence whose first `prevHashes.length` full blocks hashed to `prevHashes`,
+ * continued by `tail` (every token after those blocks). Equals `blockHashes(head + tail)` without
+ * the head's tokens: a finished call extends its prompt's hashes by the prompt's partial last
+ * block and its output, never copying the whole context.
+ * @returns a new array; `prevHashes` is not modified
+ */
+export function extendBlockHashes(
+  prevHashes: readonly string[],
+  tail: ArrayLike<number>,
+  blockSize: number,
+  seed = "",
+): string[] {
+  checkBlockSize(blockSize);
+  const out = prevHashes.slice();
+  const [a, b] = out.length > 0 ? parseHash(out[out.length - 1]!) : seedState(seed);
+  hashBlocks(tail, 0, blockSize, Math.floor(tail.length / blockSize), a, b, out);
+  return out;
+}
+
+/**
  * Streaming form: feed a growing token sequence in pieces; `hashes` always equals
  * `blockHashes(all tokens so far, blockSize, seed)`. Holds only the current partial block.
  */

@@ -7,6 +7,7 @@ import {
   BlockHasher,
   blockHashes,
   blockHashesFrom,
+  extendBlockHashes,
   longestPrefixMatch,
 } from "../../src/routing/block-hash.js";
 
@@ -87,6 +88,24 @@ describe("incremental hashing", () => {
           const prev = blockHashes(prefix, blockSize, "s");
           const all = [...prefix, ...grown];
           assert.deepEqual(blockHashesFrom(prev, all, blockSize, "s"), blockHashes(all, blockSize, "s"));
+        },
+      ),
+    );
+  });
+
+  it("extendBlockHashes continues a prompt's hashes with its partial block and output, as hashing it all", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 0, max: 300_000 }), { maxLength: 400 }),
+        fc.array(fc.integer({ min: 0, max: 300_000 }), { maxLength: 400 }),
+        fc.integer({ min: 1, max: 70 }),
+        (prompt, output, blockSize) => {
+          const prev = blockHashes(prompt, blockSize, "s");
+          const frozen = [...prev];
+          const tail = [...prompt.slice(prev.length * blockSize), ...output];
+          const all = [...prompt, ...output];
+          assert.deepEqual(extendBlockHashes(prev, tail, blockSize, "s"), blockHashes(all, blockSize, "s"));
+          assert.deepEqual(prev, frozen, "the prompt's hashes are not modified");
         },
       ),
     );
