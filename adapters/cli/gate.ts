@@ -22,6 +22,7 @@ import { createApp } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { createMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
+import { runServerCommand } from "./server-command.js";
 
 /** Options of {@link startGateServer}. */
 export interface GateServerOptions {
@@ -301,37 +302,15 @@ export function gateOptionsFromArgs(
 }
 
 /** `sluice gate`: runs until SIGINT or SIGTERM, then drains and returns 0; invalid flags return 2. */
-export async function run(argv: string[]): Promise<number> {
-  if (argv.includes("--help") || argv.includes("-h")) {
-    process.stdout.write(`${HELP}\n`);
-    return 0;
-  }
-  let options: GateServerOptions;
-  try {
-    options = gateOptionsFromArgs(argv);
-  } catch (err) {
-    if (err instanceof ConfigError || err instanceof RangeError) {
-      process.stderr.write(`sluice gate: ${err.message}\n`);
-      return 2;
-    }
-    throw err;
-  }
-  let server: GateServer;
-  try {
-    server = await startGateServer(options);
-  } catch (err) {
-    process.stderr.write(`sluice gate: ${(err as Error).message}\n`);
-    return 1;
-  }
-  await new Promise<void>((resolve) => {
-    const stop = () => {
-      process.off("SIGINT", stop);
-      process.off("SIGTERM", stop);
-      resolve();
-    };
-    process.once("SIGINT", stop);
-    process.once("SIGTERM", stop);
-  });
-  await server.close();
-  return 0;
+export function run(argv: string[]): Promise<number> {
+  return runServerCommand<GateServerOptions, GateServer>(
+    {
+      name: "gate",
+      help: () => HELP,
+      parse: gateOptionsFromArgs,
+      start: startGateServer,
+      close: (server) => server.close(),
+    },
+    argv,
+  );
 }

@@ -20,6 +20,7 @@ import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
+import { runServerCommand } from "./server-command.js";
 
 /** A running NATS front end; `adapters/nats` provides it (loaded only when `--nats` is given). */
 export interface NatsService {
@@ -670,43 +671,25 @@ export async function serveOptionsFromArgs(
 }
 
 /** `sluice serve`: runs until SIGINT or SIGTERM, then shuts down gracefully and returns 0. */
-export async function run(argv: string[]): Promise<number> {
-  if (argv.includes("--help") || argv.includes("-h")) {
-    process.stdout.write(`${serveHelp()}\n`);
-    return 0;
-  }
-  let options: ServeOptions;
-  try {
-    options = await serveOptionsFromArgs(argv);
-  } catch (err) {
-    if (err instanceof ConfigError || err instanceof RangeError) {
-      process.stderr.write(`sluice serve: ${err.message}\n`);
-      return 2;
-    }
-    throw err;
-  }
-  let server: RunningServer;
-  try {
-    server = await startServer(options);
-  } catch (err) {
-    process.stderr.write(`sluice serve: ${(err as Error).message}\n`);
-    return err instanceof ConfigError || err instanceof RangeError ? 2 : 1;
-  }
-  const signal = await new Promise<NodeJS.Signals>((resolve) => {
-    process.once("SIGINT", () => resolve("SIGINT"));
-    process.once("SIGTERM", () => resolve("SIGTERM"));
-  });
-  process.stderr.write(`sluice serve: ${signal}, shutting down\n`);
-  // A second signal skips the drain.
-  const force = () => server.tracker.cancelAll();
-  process.once("SIGINT", force);
-  process.once("SIGTERM", force);
-  await server.close();
-  // What the scheduler still holds at exit: anything but zero permits, reservations and queue places is a leak.
-  const held = server.scheduler.idleCheck();
-  process.stderr.write(
-    `sluice serve: stopped (permits ${held.permits}, reservations ${held.reservations}, ` +
-      `window slots ${held.windowSlots}, queued ${held.queued})\n`,
+export function run(argv: string[]): Promise<number> {
+  return runServerCommand<ServeOptions, RunningServer>(
+    {
+      name: "serve",
+      help: serveHelp,
+      parse: serveOptionsFromArgs,
+      start: startServer,
+      close: (server) => server.close(),
+      // A second signal skips the drain.
+      force: (server) => server.tracker.cancelAll(),
+      stopped(server) {
+        // What the scheduler still holds at exit: anything but zero permits, reservations and queue places is a leak.
+        const held = server.scheduler.idleCheck();
+        return (
+          `stopped (permits ${held.permits}, reservations ${held.reservations}, ` +
+          `window slots ${held.windowSlots}, queued ${held.queued})`
+        );
+      },
+    },
+    argv,
   );
-  return 0;
 }

@@ -1,0 +1,81 @@
+/** @module The life of a long-running command (`sluice serve`, `sluice gate`): flags, start, run until a signal, close. */
+
+import { ConfigError } from "../../src/config/config-error.js";
+
+/** What a server command provides; `runServerCommand` does the rest. */
+export interface ServerCommand<Options, Server> {
+  /** Command name in messages (`serve`, `gate`). */
+  name: string;
+  help(): string;
+  /** Parses the flags; throws `ConfigError` or `RangeError` for bad ones. */
+  parse(argv: string[]): Options | Promise<Options>;
+  start(options: Options): Promise<Server>;
+  /** Orderly shutdown (drains what is in flight). */
+  close(server: Server): Promise<void>;
+  /** A second signal during `close`: stop draining. */
+  force?(server: Server): void;
+  /** A last line for stderr once closed. */
+  stopped?(server: Server): string;
+}
+
+function isUsageError(error: unknown): boolean {
+  return error instanceof ConfigError || error instanceof RangeError;
+}
+
+/**
+ * Runs a server command to completion; resolves with the exit status:
+ * 0 after a signal and an orderly close, 2 for bad flags or configuration,
+ * 1 when the server could not start.
+ */
+export async function runServerCommand<Options, Server>(
+  command: ServerCommand<Options, Server>,
+  argv: string[],
+): Promise<number> {
+  const say = (line: string) => process.stderr.write(`sluice ${command.name}: ${line}\n`);
+  if (argv.includes("--help") || argv.includes("-h")) {
+    process.stdout.write(`${command.help()}\n`);
+    return 0;
+  }
+  let options: Options;
+  try {
+    options = await command.parse(argv);
+  } catch (error) {
+    if (!isUsageError(error)) throw error;
+    say((error as Error).message);
+    return 2;
+  }
+  let server: Server;
+  try {
+    server = await command.start(options);
+  } catch (error) {
+    say((error as Error).message);
+    return isUsageError(error) ? 2 : 1;
+  }
+  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+    const stop = (received: NodeJS.Signals) => {
+      process.off("SIGINT", stop);
+      process.off("SIGTERM", stop);
+      resolve(received);
+    };
+    process.once("SIGINT", stop);
+    process.once("SIGTERM", stop);
+  });
+  say(`${signal}, shutting down`);
+  const force = command.force;
+  const onSecondSignal = force ? () => force(server) : undefined;
+  if (onSecondSignal) {
+    process.once("SIGINT", onSecondSignal);
+    process.once("SIGTERM", onSecondSignal);
+  }
+  try {
+    await command.close(server);
+  } finally {
+    if (onSecondSignal) {
+      process.off("SIGINT", onSecondSignal);
+      process.off("SIGTERM", onSecondSignal);
+    }
+  }
+  const last = command.stopped?.(server);
+  if (last) say(last);
+  return 0;
+}
