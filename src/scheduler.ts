@@ -416,6 +416,11 @@ export class Scheduler {
             predictedHitTokens: 0,
             predictedTtftMs: 0,
           } as PlacementDecision);
+        if (session.movedFrom !== null) {
+          // Resumed on another replica because its own had no room for it: an affinity break.
+          if (decision.replica !== session.movedFrom) decision = { ...decision, reason: "affinity_break" };
+          session.movedFrom = null;
+        }
         if (session.steps === 0 && decision.reason === "pinned") {
           decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
         }

@@ -28,6 +28,8 @@ export interface SessionRecord {
   /** Order of first admission; the youngest (largest) are paused first. */
   admittedSeq: number;
   pausedAt: number;
+  /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
+  movedFrom: string | null;
   /** Steps waiting for this session to become active. */
   readonly waiters: StepWaiter[];
   /** Free for the scheduler: per-session routing state (incremental hashes). */
@@ -161,6 +163,7 @@ export class SessionAdmission {
       pauseRequested: false,
       admittedSeq: 0,
       pausedAt: 0,
+      movedFrom: null,
       waiters: [],
       routing: undefined,
     };
@@ -376,7 +379,10 @@ export class SessionAdmission {
     }
   }
 
-  /** Room opened: un-pause pending pauses, resume paused sessions (oldest first), then admit waiting ones. */
+  /**
+   * Room opened: un-pause pending pauses, resume paused sessions (oldest first), then admit waiting
+   * ones; room still left over takes paused sessions of replicas without room (`resumeElsewhere`).
+   */
   private fill(): void {
     if (this.filling) return;
     this.filling = true;
@@ -401,8 +407,37 @@ export class SessionAdmission {
         waiter.queued = false;
         this.activate(waiter.session, replica, "admitted");
       }
+      this.resumeElsewhere();
     } finally {
       this.filling = false;
+    }
+  }
+
+  /**
+   * Cache affinity is load: a paused session with a step waiting, pinned to a
+   * replica whose window has no room, resumes on a replica that has room once
+   * nothing else wants that room (its own paused sessions and every waiting
+   * session went first). A slot left empty is throughput lost, while the
+   * paused session's cache is being evicted on its old replica anyway; the
+   * step pays a recompute where it lands. Oldest pause first.
+   */
+  private resumeElsewhere(): void {
+    if (this.queue.length > 0) return;
+    const stranded: SessionRecord[] = [];
+    for (const slots of this.replicas.values()) {
+      if (this.room(slots) > 0) continue;
+      for (const session of slots.paused) if (session.waiters.length > 0) stranded.push(session);
+    }
+    if (stranded.length === 0) return;
+    stranded.sort((a, b) => a.pausedAt - b.pausedAt);
+    for (const session of stranded) {
+      const from = session.replica;
+      const candidates = this.candidates().filter((id) => id !== from);
+      if (candidates.length === 0) return;
+      const replica = session.waiters[0]!.choose(candidates);
+      if (replica === undefined || !candidates.includes(replica)) continue;
+      session.movedFrom = from;
+      this.activate(session, replica, "resumed");
     }
   }
 

@@ -223,6 +223,10 @@ describe("the process", () => {
     child.kill("SIGTERM");
     assert.equal(await exited, 0, stderr);
     assert.match(stderr, /SIGTERM, shutting down/);
-    assert.match(stderr, /stopped \(permits 0, reservations 0, window slots 0, queued 0\)/, "nothing held at exit");
+    assert.match(
+      stderr,
+      /stopped \(permits 0, reservations 0, window slots 0, queued 0\)/,
+      "nothing held at exit",
+    );
   });
 });

@@ -282,6 +282,49 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("moves a paused session to a replica with room when its own window has none, as an affinity break", async () => {
+    const routes: string[] = [];
+    const { clock, scheduler, engines } = fleet(
+      2,
+      { window: { initial: 2, max: 2 } },
+      { route: (e) => routes.push(`${e.replica}:${e.reason}`) },
+    );
+    const prompt = tokens(600);
+    const a = await run(
+      clock,
+      scheduler.submit(request({ sessionId: "a", input: { kind: "tokens", tokens: prompt } })),
+    );
+    await run(clock, drain(a));
+    const b = await run(
+      clock,
+      scheduler.submit(request({ sessionId: "b", input: { kind: "tokens", tokens: prompt } })),
+    );
+    await run(clock, drain(b));
+    assert.equal(b.replica, a.replica, "the shared prefix pins both to one replica");
+    const home = engines.find((engine) => engine.id === a.replica)!;
+    let lookups = { hits: 0, queries: 0 };
+    home.bend = (signals) => ({
+      ...signals,
+      kvUsage: 0.8,
+      prefixHitTokens: lookups.hits,
+      prefixQueryTokens: lookups.queries,
+    });
+    await clock.advanceAsync(2_000);
+    lookups = { hits: 10, queries: 1000 }; // thrash: the home window halves to 1 and b, the younger, pauses
+    await clock.advanceAsync(2_000);
+    assert.equal(scheduler.getSession("b")?.state, "paused");
+    const moved = await run(
+      clock,
+      scheduler.submit(request({ sessionId: "b", input: { kind: "tokens", tokens: prompt } })),
+    );
+    assert.notEqual(moved.replica, a.replica);
+    assert.equal(routes.at(-1), `${moved.replica}:affinity_break`);
+    await run(clock, drain(moved));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
   it("halves the window once per measured thrash interval, not again on a rate an idle interval did not measure", async () => {
     const { clock, scheduler, engines } = fleet(1);
     const windowSize = () => scheduler.state().replicas[0]!.window.size;

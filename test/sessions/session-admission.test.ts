@@ -212,6 +212,46 @@ describe("session admission", () => {
     assert.equal(await stepC, "r1");
   });
 
+  it("resumes a paused session with a step waiting on another replica's leftover room, after waiting sessions", async () => {
+    const { admission, first } = setup({}, { r1: 2, r2: 0 });
+    const a = admission.open("a");
+    const b = admission.open("b");
+    const idle = admission.open("idle");
+    await admission.acquireStep(a, first);
+    await admission.acquireStep(b, first);
+    admission.endStep(b, { completed: true });
+    admission.setWindow("r1", 1, true); // b (the younger) pauses at once: it is between steps
+    assert.equal(b.state, "paused");
+    const stepB = admission.acquireStep(b, first);
+    // A waiting session goes before a paused one from elsewhere.
+    const stepIdle = admission.acquireStep(idle, first);
+    admission.setWindow("r2", 1, true);
+    assert.equal(await stepIdle, "r2");
+    assert.equal(b.state, "paused", "the waiting session took r2's room");
+    admission.endStep(idle, { completed: true });
+    admission.close("idle");
+    assert.equal(await stepB, "r2", "r1 still has no room: b resumes where there is");
+    assert.equal(b.movedFrom, "r1");
+    assert.equal(admission.replicaCounts("r1").paused, 0);
+    assert.equal(admission.replicaCounts("r2").active, 1);
+  });
+
+  it("leaves a paused session without a waiting step where it is", async () => {
+    const { admission, first } = setup({}, { r1: 2, r2: 0 });
+    const a = admission.open("a");
+    const b = admission.open("b");
+    await admission.acquireStep(a, first);
+    await admission.acquireStep(b, first);
+    admission.endStep(b, { completed: true });
+    admission.setWindow("r1", 1, true);
+    admission.setWindow("r2", 4, true);
+    assert.equal(b.state, "paused");
+    assert.equal(b.replica, "r1", "nothing to run: it keeps its place (and cache) on r1");
+    admission.setWindow("r1", 2, true);
+    assert.equal(b.state, "active");
+    assert.equal(b.movedFrom, null);
+  });
+
   it("returns every slot once all sessions close", async () => {
     const { admission, first } = setup({}, { r1: 2, r2: null });
     const ids = ["a", "b", "c", "d", "e"];
