@@ -14,7 +14,7 @@ import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
 import { isPresetName, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
-import { createApp } from "../http/app.js";
+import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
@@ -63,6 +63,8 @@ export interface ServeOptions {
   corsOrigins?: string[];
   /** How long a shutdown lets running calls finish before cancelling them, ms. Default 30000. */
   drainTimeoutMs?: number;
+  /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
+  streamStallTimeoutMs?: number;
   /** NATS server URL; serves the NATS API too. */
   nats?: string;
   /** Dashboard polling period, ms. Default 1000. */
@@ -211,6 +213,9 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     metrics,
     tracker,
     bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    ...(options.streamStallTimeoutMs !== undefined
+      ? { streamStallTimeoutMs: options.streamStallTimeoutMs }
+      : {}),
     ...(options.dashboardPollMs ? { dashboardPollMs: options.dashboardPollMs } : {}),
     ...(options.keys ? { keys: options.keys } : {}),
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
@@ -393,6 +398,11 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
     env: "SLUICE_BODY_LIMIT_BYTES",
     default: String(DEFAULT_BODY_LIMIT_BYTES),
     help: "largest request body, bytes",
+  },
+  "stream-stall-timeout-ms": {
+    env: "SLUICE_STREAM_STALL_TIMEOUT_MS",
+    default: String(DEFAULT_STREAM_STALL_TIMEOUT_MS),
+    help: "a streaming client that reads nothing this long loses its call (its engine slot is freed), ms; 0 never",
   },
   "drain-timeout-ms": {
     env: "SLUICE_DRAIN_TIMEOUT_MS",
@@ -638,6 +648,7 @@ export async function serveOptionsFromArgs(
   const simReplicas = integer(raw, env, "sim-replicas", 1);
   const bodyLimitBytes = integer(raw, env, "body-limit-bytes", 1);
   const drainTimeoutMs = integer(raw, env, "drain-timeout-ms", 0);
+  const streamStallTimeoutMs = integer(raw, env, "stream-stall-timeout-ms", 0);
   const host = lookupSetting(raw, env, "host")?.value.trim();
   const nats = lookupSetting(raw, env, "nats")?.value.trim();
   const tokenizer = lookupSetting(raw, env, "tokenizer")?.value.trim();
@@ -664,6 +675,7 @@ export async function serveOptionsFromArgs(
     ...(adminKey ? { adminKey } : {}),
     ...(bodyLimitBytes !== undefined ? { bodyLimitBytes } : {}),
     ...(drainTimeoutMs !== undefined ? { drainTimeoutMs } : {}),
+    ...(streamStallTimeoutMs !== undefined ? { streamStallTimeoutMs } : {}),
     ...(nats ? { nats } : {}),
     ...(tokenizer ? { tokenizer } : {}),
     ...(corsOrigins.length > 0 ? { corsOrigins } : {}),

@@ -80,7 +80,12 @@ export interface AppOptions {
   tracker?: CallTracker;
   /** Dashboard polling period, ms. Default 1000. */
   dashboardPollMs?: number;
+  /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
+  streamStallTimeoutMs?: number;
 }
+
+/** Default of `streamStallTimeoutMs`. */
+export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
 
 type Env = { Variables: { requestId: string; identity: ApiKeyIdentity | undefined } };
 
@@ -94,6 +99,10 @@ function validateOptions(options: AppOptions): void {
   const poll = options.dashboardPollMs;
   if (poll !== undefined && !(Number.isFinite(poll) && poll >= 100)) {
     throw new RangeError(`dashboardPollMs must be at least 100, got ${poll}`);
+  }
+  const stall = options.streamStallTimeoutMs;
+  if (stall !== undefined && !(Number.isFinite(stall) && stall >= 0)) {
+    throw new RangeError(`streamStallTimeoutMs must be ≥ 0, got ${stall}`);
   }
   if (options.adminKey !== undefined && options.adminKey.length < 8) {
     throw new RangeError(`adminKey must have at least 8 characters, got ${options.adminKey.length}`);
@@ -502,6 +511,7 @@ export function createApp(options: AppOptions): Hono<Env> {
         includeUsage: body.stream_options?.include_usage === true,
         renderError: (err) => renderError(err, requestId).body,
         onEnd: finish,
+        stallTimeoutMs: options.streamStallTimeoutMs ?? DEFAULT_STREAM_STALL_TIMEOUT_MS,
       });
       return new Response(sse, {
         status: 200,

@@ -26,25 +26,65 @@ export interface CallResponseOptions {
   onEnd: () => void;
 }
 
+/** Options of a streamed response. */
+export interface SseStreamOptions extends CallResponseOptions {
+  /**
+   * A client that takes nothing for this long while a chunk waits for it
+   * loses the call, ms; 0 never. Without it a client that stops reading
+   * would hold its engine slot, permit and reservation for as long as it
+   * keeps the connection open.
+   */
+  stallTimeoutMs?: number;
+  /** Runs when the stall timeout cancelled the call (before `onEnd`). */
+  onStall?: () => void;
+}
+
 /**
  * The SSE body of a streaming call. Chunks are pulled from the call only as
  * the client reads, so nothing piles up in sluice. Upstream SSE bytes
  * (`chunk.raw`) are written untouched, except the upstream's own `[DONE]`:
  * sluice writes exactly one, last, after an `event: error` if the engine
- * failed mid-stream. A client that goes away cancels the call at once.
+ * failed mid-stream. A client that goes away cancels the call at once; one
+ * that stays but stops reading cancels it after `stallTimeoutMs`.
  */
-export function sseStream(options: CallResponseOptions): ReadableStream<Uint8Array> {
+export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array> {
   const { call, ctx, includeUsage, renderError, onEnd } = options;
+  const stallTimeoutMs = options.stallTimeoutMs ?? 0;
   const iterator = call[Symbol.asyncIterator]();
   // The outcome is read through iteration; this only keeps a failure from going unhandled.
   call.result.catch(() => {});
   let first = true;
   let sawRaw = false;
   let ended = false;
+  let stallTimer: ReturnType<typeof setTimeout> | undefined;
+
+  const clearStall = () => {
+    if (stallTimer !== undefined) clearTimeout(stallTimer);
+    stallTimer = undefined;
+  };
+  const stopCall = () => {
+    clearStall();
+    call.cancel();
+    void iterator.return?.()?.catch(() => {});
+  };
+  // Armed whenever a chunk waits for the client; the client's next read (a pull) disarms it.
+  const armStall = (controller: ReadableStreamDefaultController<Uint8Array>) => {
+    if (!(stallTimeoutMs > 0) || ended) return;
+    stallTimer = setTimeout(() => {
+      if (ended) return;
+      ended = true;
+      stopCall();
+      options.onStall?.();
+      controller.error(new Error(`the client read nothing for ${stallTimeoutMs} ms`));
+      onEnd();
+    }, stallTimeoutMs);
+    stallTimer.unref?.();
+  };
 
   const end = (controller: ReadableStreamDefaultController<Uint8Array> | undefined) => {
     if (ended) return;
     ended = true;
+    clearStall();
     if (controller) {
       controller.enqueue(SSE_DONE);
       controller.close();
@@ -54,6 +94,7 @@ export function sseStream(options: CallResponseOptions): ReadableStream<Uint8Arr
 
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
+      clearStall();
       if (ended) return;
       try {
         // Loop until something is written: a pull that enqueues nothing would stall the reader.
@@ -75,11 +116,13 @@ export function sseStream(options: CallResponseOptions): ReadableStream<Uint8Arr
             sawRaw = true;
             if (isDoneEvent(chunk.raw)) continue;
             controller.enqueue(chunk.raw);
+            armStall(controller);
             return;
           }
           if (chunk.text === "" && !first) continue;
           controller.enqueue(sseData(deltaChunk(ctx, chunk.text, first)));
           first = false;
+          armStall(controller);
           return;
         }
       } catch (err) {
@@ -92,8 +135,7 @@ export function sseStream(options: CallResponseOptions): ReadableStream<Uint8Arr
     cancel() {
       if (ended) return;
       ended = true;
-      call.cancel();
-      void iterator.return?.()?.catch(() => {});
+      stopCall();
       onEnd();
     },
   });

@@ -53,6 +53,8 @@ describe("flags", () => {
       "1048576",
       "--drain-timeout-ms",
       "1000",
+      "--stream-stall-timeout-ms",
+      "15000",
       "--sim-replicas",
       "3",
       "--sim-preset",
@@ -66,6 +68,7 @@ describe("flags", () => {
     assert.equal(o.simPreset, "h100x2-qwen3-32b");
     assert.equal(o.bodyLimitBytes, 1_048_576);
     assert.equal(o.drainTimeoutMs, 1000);
+    assert.equal(o.streamStallTimeoutMs, 15000);
     assert.equal(o.adminKey, "operator-secret");
     assert.deepEqual(o.config, {
       policy: "gate-prefix",
@@ -175,6 +178,7 @@ describe("flags", () => {
       "admin-key",
       "body-limit-bytes",
       "drain-timeout-ms",
+      "stream-stall-timeout-ms",
       "tokenizer",
       "help",
     ]) {

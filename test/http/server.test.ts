@@ -1,10 +1,13 @@
 /** @module `startServer` over a real socket with simulated replicas in real time: streaming, pinning, client aborts, shutdown. */
 
 import assert from "node:assert/strict";
-import { afterEach, describe, test } from "node:test";
+import { once } from "node:events";
+import { connect } from "node:net";
+import { after, afterEach, describe, test } from "node:test";
 import { type RunningServer, type ServeOptions, startServer } from "../../adapters/cli/serve.js";
 import { parsePrometheusText } from "../../adapters/engines/openai/metrics-parser.js";
 import { startSimServer } from "../../adapters/engines/sim/http-server.js";
+import { chatChunk, startFakeUpstream, startSse, vllmPage } from "../openai/fake-upstream.js";
 import { assertIdle, chat, parseSse } from "./harness.js";
 
 let server: RunningServer | undefined;
@@ -189,6 +192,56 @@ describe("over a socket", () => {
     ]) {
       assert.ok(page.types.has(name), name);
     }
+  });
+
+  test("a streaming client that stops reading loses its call after the stall timeout; nothing stays held", async () => {
+    // An upstream over HTTP that streams far more than the socket buffers between it, sluice and the
+    // client hold, writing only as fast as it is read (as vLLM does): a stalled client stalls the call.
+    let upstreamGone!: () => void;
+    const upstreamClosed = new Promise<void>((resolve) => {
+      upstreamGone = resolve;
+    });
+    const upstream = await startFakeUpstream({
+      "/metrics": (_req, res) => {
+        res.end(vllmPage({ kv: 0.1, running: 0, waiting: 0, queries: 0, hits: 0 }));
+      },
+      "/v1/models": (_req, res) => {
+        res.end(JSON.stringify({ data: [{ id: "m", max_model_len: 8192 }] }));
+      },
+      "/v1/chat/completions": async (req, res) => {
+        startSse(res);
+        const filler = "x".repeat(64 * 1024);
+        while (!req.wasAborted()) {
+          const line = `data: ${JSON.stringify(chatChunk({ content: filler }))}\n\n`;
+          if (!res.write(line)) await Promise.race([once(res, "drain"), req.aborted]);
+        }
+        upstreamGone();
+      },
+    });
+    after(() => upstream.close());
+    const s = await start({ upstreams: [upstream.url], streamStallTimeoutMs: 300 });
+    await until(() => s.scheduler.readyReplicas() > 0, "the upstream's first scrape");
+    const outcomes: string[] = [];
+    const ended = new Promise<void>((resolve) =>
+      s.scheduler.addEvents({
+        finished: (e) => {
+          outcomes.push(e.outcome);
+          resolve();
+        },
+      }),
+    );
+    const body = JSON.stringify(chat({ model: "m", max_tokens: 64, stream: true }));
+    const socket = connect(Number(new URL(s.url).port), "127.0.0.1");
+    socket.pause(); // reads nothing, ever
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+    await ended;
+    assert.deepEqual(outcomes, ["cancelled"], "the call was cut off, not finished");
+    await upstreamClosed; // and the upstream saw it go
+    assertIdle(s.scheduler);
+    socket.destroy();
   });
 
   test("shutdown lets a running stream finish, refuses new calls, then stops", async () => {
