@@ -42,7 +42,9 @@ export interface UpstreamTransport {
  * the engine bounds what needs bounding (time to headers, scrapes) itself.
  */
 export function undiciTransport(): UpstreamTransport {
-  const dispatcher = new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 10_000 });
+  // Idle connections are dropped after 4 s, before the 5 s after which uvicorn (vLLM, SGLang) and
+  // Node servers close them: reusing a connection the server is closing would fail a call.
+  const dispatcher = new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 4_000 });
   return {
     async send(url, init) {
       const answer = await request(url, {
