@@ -35,8 +35,6 @@ export interface SseStreamOptions extends CallResponseOptions {
    * keeps the connection open.
    */
   stallTimeoutMs?: number;
-  /** Runs when the stall timeout cancelled the call (before `onEnd`). */
-  onStall?: () => void;
 }
 
 /**
@@ -74,7 +72,6 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
       if (ended) return;
       ended = true;
       stopCall();
-      options.onStall?.();
       controller.error(new Error(`the client read nothing for ${stallTimeoutMs} ms`));
       onEnd();
     }, stallTimeoutMs);
