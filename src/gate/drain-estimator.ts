@@ -9,7 +9,7 @@ export interface DrainEstimatorOptions {
   windowMs?: number;
   /** Number of buckets the window is kept in (its resolution). Default 30. */
   buckets?: number;
-  /** Longest estimate returned, seconds; also the answer when nothing completed lately. Default 60. */
+  /** Longest estimate returned, seconds. Default 60. */
   maxSeconds?: number;
   /** Completions recorded between two clock readings (1: every one is timed exactly). Default 64. */
   foldEvery?: number;
@@ -18,9 +18,12 @@ export interface DrainEstimatorOptions {
 /**
  * Counts completions in a bucketed sliding window and turns "n calls ahead"
  * into seconds. Conservative on purpose: the rate divides by the whole window
- * even right after start-up (so it is never overestimated), and with no
- * completion in the window the estimate is `maxSeconds`. O(1) per `record`,
- * O(buckets) per estimate, fixed memory.
+ * even right after start-up (so it is never overestimated). With no
+ * completion in the window, what is known is how long nothing has completed:
+ * each call ahead is taken to need that long again — short right after
+ * start-up (a fresh gate does not send clients away for a minute), growing
+ * to `maxSeconds` when a replica is stuck. O(1) per `record`, O(buckets) per
+ * estimate, fixed memory.
  */
 export class DrainEstimator {
   private readonly clock: Clock;
@@ -33,6 +36,8 @@ export class DrainEstimator {
   private readonly foldEvery: number;
   private pending = 0;
   private lastFoldAt: number;
+  /** When a completion was last recorded (or the estimator started), ms. */
+  private lastCompletionAt: number;
 
   constructor(options: DrainEstimatorOptions = {}) {
     const { clock = realClock, windowMs = 30_000, buckets = 30, maxSeconds = 60, foldEvery = 64 } = options;
@@ -51,6 +56,7 @@ export class DrainEstimator {
     this.windowMs = windowMs;
     this.foldEvery = foldEvery;
     this.lastFoldAt = clock.now();
+    this.lastCompletionAt = this.lastFoldAt;
     this.windowSeconds = windowMs / 1000;
     this.maxSeconds = maxSeconds;
     this.ids = new Float64Array(buckets).fill(Number.NEGATIVE_INFINITY);
@@ -66,6 +72,7 @@ export class DrainEstimator {
     if (this.foldEvery === 1) {
       const now = this.clock.now();
       this.lastFoldAt = now;
+      if (count > 0) this.lastCompletionAt = now;
       this.add(Math.floor(now / this.bucketMs), count);
       return;
     }
@@ -81,6 +88,7 @@ export class DrainEstimator {
     const since = this.lastFoldAt;
     this.lastFoldAt = now;
     if (pending === 0) return;
+    this.lastCompletionAt = now;
     const span = now - since;
     if (span <= 0) {
       this.add(Math.floor(now / this.bucketMs), pending);
@@ -126,7 +134,10 @@ export class DrainEstimator {
   estimateSeconds(ahead: number): number {
     if (!(ahead > 0)) return 0;
     const rate = this.ratePerSecond();
-    if (rate <= 0) return this.maxSeconds;
+    if (rate <= 0) {
+      const quietSeconds = (this.clock.now() - this.lastCompletionAt) / 1000;
+      return Math.min(this.maxSeconds, ahead * quietSeconds);
+    }
     return Math.min(this.maxSeconds, ahead / rate);
   }
 

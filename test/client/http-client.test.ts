@@ -90,7 +90,7 @@ describe("the client against a gate with tiny limits", () => {
 
   test("retries a 529 after Retry-After and gets through once the gate frees", async () => {
     const client = httpClient({ baseUrl: "http://sluice.test", fetch, retry: { baseDelayMs: 10 } });
-    // Retry-After comes from the gate's drain estimate: a cold gate says 60 s; let it see completions first.
+    // Retry-After comes from the gate's drain estimate; let it see completions first so the estimate is measured.
     for (let i = 0; i < 70; i++) {
       await client.step(undefined, {
         model: MODEL,

@@ -400,7 +400,7 @@ describe("BackendGate limits at run time", () => {
     await settle();
     // 21 calls ahead (20 queued and this one) at 10/s: 2.1 s, rounded up.
     assert.equal((rejected.error as GateRejection).retryAfterSeconds, 3);
-    // Nothing completes for a whole window: the estimate falls back to its cap.
+    // Nothing completes for a whole window (20 s): 21 calls ahead at 20 s each, capped at 60.
     clock.advance(20_000);
     await assert.rejects(
       g.acquire(),

@@ -24,6 +24,19 @@ describe("DrainEstimator", () => {
     assert.equal(d.retryAfterSeconds(11), 3, "2.2 s rounds up");
   });
 
+  test("with nothing completed in the window, each call ahead is taken to need as long as nothing has completed", () => {
+    const clock = new VirtualClock();
+    const d = new DrainEstimator({ clock, windowMs: 10_000, maxSeconds: 60, foldEvery: 1 });
+    clock.advance(2_000);
+    assert.equal(d.estimateSeconds(3), 6, "2 s since start-up without a completion, 3 calls ahead");
+    d.record(10);
+    clock.advance(15_000); // the completions leave the window: 15 s without one
+    assert.equal(d.ratePerSecond(), 0);
+    assert.equal(d.estimateSeconds(2), 30);
+    clock.advance(60_000);
+    assert.equal(d.retryAfterSeconds(1), 60, "a replica stuck this long gets the cap");
+  });
+
   test("old completions leave the window", () => {
     const clock = new VirtualClock();
     const d = new DrainEstimator({ clock, windowMs: 10_000, buckets: 10 });
@@ -64,7 +77,7 @@ describe("DrainEstimator", () => {
   test("Retry-After is whole seconds, at least 1, at most maxSeconds", () => {
     const clock = new VirtualClock();
     const d = new DrainEstimator({ clock, windowMs: 1_000, maxSeconds: 30 });
-    assert.equal(d.retryAfterSeconds(5), 30, "nothing measured: the cap");
+    assert.equal(d.retryAfterSeconds(5), 1, "nothing measured yet, nothing overdue: the minimum");
     assert.equal(d.retryAfterSeconds(0), 1);
     d.record(1_000);
     assert.equal(d.retryAfterSeconds(1), 1, "1 ms rounds up to 1 s");
