@@ -596,6 +596,32 @@ describe("OpenAIUpstreamEngine: failures after the body started", () => {
 });
 
 describe("OpenAIUpstreamEngine: /metrics scraping and /v1/models", () => {
+  it("follows a redirect of /metrics and /v1/models (a server mounting them one slash deeper)", async () => {
+    const up = await upstream({
+      "/metrics": (_req, res) => {
+        res.writeHead(307, { location: "/metrics/" });
+        res.end();
+      },
+      "/metrics/": (_req, res) => {
+        res.end(vllmPage({ kv: 0.25, running: 1, waiting: 0, queries: 10, hits: 5 }));
+      },
+      "/v1/models": (_req, res) => {
+        res.writeHead(308, { location: "/v1/models/" });
+        res.end();
+      },
+      "/v1/models/": (_req, res) => {
+        res.end(JSON.stringify({ data: [{ id: "m", max_model_len: 4096 }] }));
+      },
+    });
+    const engine = engineFor(up);
+    await engine.start();
+    const signals = engine.signals();
+    assert.equal(signals.healthy, true);
+    assert.equal(signals.kvUsage, 0.25);
+    assert.deepEqual(engine.models(), ["m"]);
+    assert.equal(engine.contextWindow(), 4096);
+  });
+
   it("reads signals at the clock's time; a garbage or failing page keeps the last values and their age, and the replica healthy", async () => {
     const clock = new VirtualClock(1_000);
     let mode: "good" | "garbage" | "error" = "good";

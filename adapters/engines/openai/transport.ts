@@ -5,7 +5,7 @@
  * web-stream objects for every call); on a proxy that forwards every call, that is most of its own overhead.
  */
 
-import { Agent, request } from "undici";
+import { Agent, interceptors, request } from "undici";
 
 /** What a request sends. */
 export interface UpstreamRequestInit {
@@ -45,6 +45,9 @@ export function undiciTransport(): UpstreamTransport {
   // Idle connections are dropped after 4 s, before the 5 s after which uvicorn (vLLM, SGLang) and
   // Node servers close them: reusing a connection the server is closing would fail a call.
   const dispatcher = new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 4_000 });
+  // Reads (`/metrics`, `/v1/models`) follow redirects as fetch did: a server may send `/metrics` to
+  // `/metrics/`. A call is never re-sent to another address.
+  const following = dispatcher.compose(interceptors.redirect({ maxRedirections: 3 }));
   return {
     async send(url, init) {
       const answer = await request(url, {
@@ -52,7 +55,7 @@ export function undiciTransport(): UpstreamTransport {
         headers: init.headers,
         ...(init.body !== undefined ? { body: init.body } : {}),
         signal: init.signal,
-        dispatcher,
+        dispatcher: init.method === "GET" ? following : dispatcher,
       });
       const { body, headers } = answer;
       return {
