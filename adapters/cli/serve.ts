@@ -376,6 +376,38 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
     default: "2000",
     help: "window control interval, ms",
   },
+  "window-initial": {
+    env: "SLUICE_WINDOW_INITIAL",
+    default: "8",
+    help: "session window before the first control step",
+  },
+  "window-min": { env: "SLUICE_WINDOW_MIN", default: "1", help: "smallest session window (W_min)" },
+  "window-max": { env: "SLUICE_WINDOW_MAX", default: "1024", help: "largest session window (W_max)" },
+  "window-increase": {
+    env: "SLUICE_WINDOW_INCREASE",
+    default: "2",
+    help: "sessions added per control step while KV usage is low (α)",
+  },
+  "window-decrease": {
+    env: "SLUICE_WINDOW_DECREASE",
+    default: "0.5",
+    help: "factor the window is cut by on thrash (β, between 0 and 1)",
+  },
+  "window-kv-low": {
+    env: "SLUICE_WINDOW_KV_LOW",
+    default: "0.2",
+    help: "KV usage (0-1) below which the window grows (U_low)",
+  },
+  "window-kv-high": {
+    env: "SLUICE_WINDOW_KV_HIGH",
+    default: "0.5",
+    help: "KV usage (0-1) above which a low hit rate shrinks the window (U_high)",
+  },
+  "window-hit-low": {
+    env: "SLUICE_WINDOW_HIT_LOW",
+    default: "0.2",
+    help: "prefix-cache hit rate (0-1) under which high KV usage shrinks the window (H_low)",
+  },
   "idle-timeout-ms": {
     env: "SLUICE_IDLE_TIMEOUT_MS",
     default: "120000",
@@ -581,6 +613,29 @@ export async function serveOptionsFromArgs(
   const controlIntervalMs = integer(raw, env, "control-interval-ms", 1);
   const idleTimeoutMs = integer(raw, env, "idle-timeout-ms", 1);
   const sessionQueueLimit = integer(raw, env, "session-queue-limit", 0);
+  const window: NonNullable<SchedulerConfigInput["window"]> = {};
+  const windowInitial = integer(raw, env, "window-initial", 1);
+  if (windowInitial !== undefined) window.initial = windowInitial;
+  const windowMin = integer(raw, env, "window-min", 1);
+  if (windowMin !== undefined) window.min = windowMin;
+  const windowMax = integer(raw, env, "window-max", 1);
+  if (windowMax !== undefined) window.max = windowMax;
+  const windowIncrease = integer(raw, env, "window-increase", 1);
+  if (windowIncrease !== undefined) window.increase = windowIncrease;
+  const windowDecrease = number(raw, env, "window-decrease", [0, 1]);
+  if (windowDecrease !== undefined) {
+    if (windowDecrease <= 0 || windowDecrease >= 1) {
+      const found = lookupSetting(raw, env, "window-decrease")!;
+      throw invalid(found.source, "a number between 0 and 1 (exclusive)", found.value);
+    }
+    window.decrease = windowDecrease;
+  }
+  const windowKvLow = number(raw, env, "window-kv-low", [0, 1]);
+  if (windowKvLow !== undefined) window.kvLow = windowKvLow;
+  const windowKvHigh = number(raw, env, "window-kv-high", [0, 1]);
+  if (windowKvHigh !== undefined) window.kvHigh = windowKvHigh;
+  const windowHitLow = number(raw, env, "window-hit-low", [0, 1]);
+  if (windowHitLow !== undefined) window.hitLow = windowHitLow;
 
   const config: SchedulerConfigInput = {
     ...(policy ? { policy } : {}),
@@ -598,6 +653,7 @@ export async function serveOptionsFromArgs(
       ...(affinityBreakKv !== undefined ? { affinityBreakKv } : {}),
       ...(affinityBreakMs !== undefined ? { affinityBreakMs } : {}),
     },
+    ...(Object.keys(window).length > 0 ? { window } : {}),
     sessions: {
       ...(staleSignals ? { staleSignals } : {}),
       ...(controlIntervalMs !== undefined ? { controlIntervalMs } : {}),

@@ -120,6 +120,14 @@ export function resolveSchedulerConfig(input: SchedulerConfigInput = {}): Schedu
       `window.min (${config.window.min}) must not exceed window.max (${config.window.max})`,
     );
   }
+  if (input.window?.initial === undefined) {
+    // The default initial window (8) follows a window narrowed or raised around it.
+    config.window.initial = Math.min(config.window.max, Math.max(config.window.min, config.window.initial));
+  } else if (config.window.initial < config.window.min || config.window.initial > config.window.max) {
+    throw new RangeError(
+      `window.initial (${config.window.initial}) must be within window.min (${config.window.min}) and window.max (${config.window.max})`,
+    );
+  }
   if (config.window.kvLow > config.window.kvHigh) {
     throw new RangeError(
       `window.kvLow (${config.window.kvLow}) must not exceed window.kvHigh (${config.window.kvHigh})`,

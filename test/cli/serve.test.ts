@@ -9,6 +9,7 @@ import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { SERVE_FLAGS, serveHelp, serveOptionsFromArgs } from "../../adapters/cli/serve.js";
 import { ConfigError } from "../../src/config/config-error.js";
+import { resolveSchedulerConfig } from "../../src/config/scheduler-config.js";
 
 const SLUICE = fileURLToPath(new URL("../../adapters/cli/sluice.js", import.meta.url));
 
@@ -81,6 +82,35 @@ describe("flags", () => {
     });
   });
 
+  test("the window law's parameters are flags too; an initial window left unset follows min and max", async () => {
+    const o = await options([
+      "--window-max",
+      "4",
+      "--window-increase",
+      "1",
+      "--window-decrease",
+      "0.75",
+      "--window-kv-low",
+      "0.1",
+      "--window-kv-high",
+      "0.6",
+      "--window-hit-low",
+      "0.02",
+    ]);
+    assert.deepEqual(o.config?.window, {
+      max: 4,
+      increase: 1,
+      decrease: 0.75,
+      kvLow: 0.1,
+      kvHigh: 0.6,
+      hitLow: 0.02,
+    });
+    const resolved = resolveSchedulerConfig(o.config);
+    assert.equal(resolved.window.initial, 4, "the default 8 clamped into [1, 4]");
+    assert.equal(resolveSchedulerConfig({ window: { min: 12 } }).window.initial, 12);
+    assert.throws(() => resolveSchedulerConfig({ window: { initial: 9, max: 4 } }), /window\.initial \(9\)/);
+  });
+
   test("gate limits not given stay unset, so they follow the engine's max_num_seqs", async () => {
     const o = await options([]);
     assert.deepEqual(o.config?.gate, {});
@@ -117,6 +147,9 @@ describe("flags", () => {
       [["--policy", "fastest"], /--policy.*"fastest"/],
       [["--stale-signals", "maybe"], /--stale-signals.*"maybe"/],
       [["--affinity-break-kv", "2"], /--affinity-break-kv.*"2"/],
+      [["--window-decrease", "1"], /--window-decrease.*"1"/],
+      [["--window-hit-low", "1.5"], /--window-hit-low.*"1\.5"/],
+      [["--window-max", "0"], /--window-max.*"0"/],
       [["--overload-status", "200"], /--overload-status.*"200"/],
       [["--upstream", "ftp://x"], /--upstream.*"ftp:\/\/x"/],
       [["--sim-preset", "a100"], /--sim-preset.*"a100"/],
@@ -179,6 +212,14 @@ describe("flags", () => {
       "body-limit-bytes",
       "drain-timeout-ms",
       "stream-stall-timeout-ms",
+      "window-initial",
+      "window-min",
+      "window-max",
+      "window-increase",
+      "window-decrease",
+      "window-kv-low",
+      "window-kv-high",
+      "window-hit-low",
       "tokenizer",
       "help",
     ]) {
