@@ -430,14 +430,15 @@ export class SessionAdmission {
     }
     if (stranded.length === 0) return;
     stranded.sort((a, b) => a.pausedAt - b.pausedAt);
+    // A stranded session's own replica has no room, so it is never among the candidates.
+    let candidates = this.candidates();
     for (const session of stranded) {
-      const from = session.replica;
-      const candidates = this.candidates().filter((id) => id !== from);
       if (candidates.length === 0) return;
       const replica = session.waiters[0]!.choose(candidates);
       if (replica === undefined || !candidates.includes(replica)) continue;
-      session.movedFrom = from;
+      session.movedFrom = session.replica;
       this.activate(session, replica, "resumed");
+      if (!this.hasRoom(replica)) candidates = candidates.filter((id) => id !== replica);
     }
   }
 
