@@ -30,7 +30,7 @@ export interface CallResponseOptions {
 export interface SseStreamOptions extends CallResponseOptions {
   /**
    * A client that takes nothing for this long while a chunk waits for it
-   * loses the call, ms; 0 never. Without it a client that stops reading
+   * loses the call (within 1.25 × this), ms; 0 never. Without it a client that stops reading
    * would hold its engine slot, permit and reservation for as long as it
    * keeps the connection open.
    */
@@ -54,34 +54,43 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
   let first = true;
   let sawRaw = false;
   let ended = false;
-  let stallTimer: ReturnType<typeof setTimeout> | undefined;
-
-  const clearStall = () => {
-    if (stallTimer !== undefined) clearTimeout(stallTimer);
-    stallTimer = undefined;
+  // One watchdog per stream rather than a timer per chunk: every quarter of the timeout it looks
+  // whether the client read anything (a pull) while a chunk waited for it, so a stall ends the
+  // call within 1–1.25 × the timeout and the hot path only counts pulls.
+  let watchdog: ReturnType<typeof setInterval> | undefined;
+  let pulls = 0;
+  const stopWatchdog = () => {
+    if (watchdog !== undefined) clearInterval(watchdog);
+    watchdog = undefined;
   };
   const stopCall = () => {
-    clearStall();
+    stopWatchdog();
     call.cancel();
     void iterator.return?.()?.catch(() => {});
   };
-  // Armed whenever a chunk waits for the client; the client's next read (a pull) disarms it.
-  const armStall = (controller: ReadableStreamDefaultController<Uint8Array>) => {
-    if (!(stallTimeoutMs > 0) || ended) return;
-    stallTimer = setTimeout(() => {
-      if (ended) return;
+  const startWatchdog = (controller: ReadableStreamDefaultController<Uint8Array>) => {
+    if (!(stallTimeoutMs > 0) || watchdog !== undefined) return;
+    const checks = 4;
+    let seenPulls = pulls;
+    let idleChecks = 0;
+    watchdog = setInterval(() => {
+      // A chunk waits when the stream's queue is full; an empty queue means sluice is waiting on the engine.
+      const waiting = (controller.desiredSize ?? 1) <= 0;
+      idleChecks = pulls === seenPulls && waiting ? idleChecks + 1 : 0;
+      seenPulls = pulls;
+      if (idleChecks < checks || ended) return;
       ended = true;
       stopCall();
       controller.error(new Error(`the client read nothing for ${stallTimeoutMs} ms`));
       onEnd();
-    }, stallTimeoutMs);
-    stallTimer.unref?.();
+    }, stallTimeoutMs / checks);
+    watchdog.unref?.();
   };
 
   const end = (controller: ReadableStreamDefaultController<Uint8Array> | undefined) => {
     if (ended) return;
     ended = true;
-    clearStall();
+    stopWatchdog();
     if (controller) {
       controller.enqueue(SSE_DONE);
       controller.close();
@@ -91,7 +100,8 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
 
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      clearStall();
+      pulls++;
+      startWatchdog(controller);
       if (ended) return;
       try {
         // Loop until something is written: a pull that enqueues nothing would stall the reader.
@@ -113,13 +123,11 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
             sawRaw = true;
             if (isDoneEvent(chunk.raw)) continue;
             controller.enqueue(chunk.raw);
-            armStall(controller);
             return;
           }
           if (chunk.text === "" && !first) continue;
           controller.enqueue(sseData(deltaChunk(ctx, chunk.text, first)));
           first = false;
-          armStall(controller);
           return;
         }
       } catch (err) {
