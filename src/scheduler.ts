@@ -12,6 +12,7 @@ import { checkDeadline, predictTtftMs } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
 import type { Reservation } from "./budget/token-budget.js";
 import { type Cancel, type Clock, realClock } from "./clock.js";
+import { type PolicyFeatures, policyFeatures } from "./config/policy-features.js";
 import {
   LANE_DEFAULTS,
   type Policy,
@@ -84,6 +85,8 @@ export interface IdleCheck {
 export class Scheduler {
   readonly config: SchedulerConfig;
   readonly policy: Policy;
+  /** What the policy switches on; every step asks this, never the policy's name. */
+  readonly features: PolicyFeatures;
   private readonly clock: Clock;
   private readonly replicas: ReplicaRuntime[];
   private readonly byId = new Map<string, ReplicaRuntime>();
@@ -109,6 +112,7 @@ export class Scheduler {
       ...(options.policy ? { policy: options.policy } : {}),
     });
     this.policy = this.config.policy;
+    this.features = policyFeatures(this.policy, this.config.window.unit);
     this.clock = options.clock ?? realClock;
     this.tokenizer = options.tokenizer;
     this.windowAuthority = options.windowAuthority;
@@ -118,7 +122,7 @@ export class Scheduler {
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
         throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
-      const replica = new ReplicaRuntime(engine, this.clock, this.config);
+      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features);
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
@@ -133,19 +137,18 @@ export class Scheduler {
     for (const replica of this.replicas) {
       this.admission.addReplica(replica.id, replica.window ? replica.window.size : null);
     }
-    this.overload =
-      this.policy === "sluice"
-        ? new OverloadController({
-            clock: this.clock,
-            objectiveMs: this.config.overload.objectiveMs,
-            windowMs: this.config.overload.windowMs,
-            bulkPauseAfter: this.config.overload.bulkPauseAfter,
-            shedAfter: this.config.overload.shedAfter,
-            recoverAfter: this.config.overload.recoverAfter,
-            recoverFraction: this.config.overload.recoverFraction,
-            autoEvaluate: false,
-          })
-        : null;
+    this.overload = this.features.overload
+      ? new OverloadController({
+          clock: this.clock,
+          objectiveMs: this.config.overload.objectiveMs,
+          windowMs: this.config.overload.windowMs,
+          bulkPauseAfter: this.config.overload.bulkPauseAfter,
+          shedAfter: this.config.overload.shedAfter,
+          recoverAfter: this.config.overload.recoverAfter,
+          recoverFraction: this.config.overload.recoverFraction,
+          autoEvaluate: false,
+        })
+      : null;
   }
 
   /** Attaches more event listeners (metrics, NATS session events). */
@@ -268,6 +271,8 @@ export class Scheduler {
         total: counts.total,
         waiting: counts.waiting,
         active: counts.active,
+        idle: counts.idle,
+        dormant: counts.dormant,
         paused: counts.paused,
       },
       rejections: { ...this.rejections },
@@ -357,8 +362,7 @@ export class Scheduler {
   ): Promise<AdmittedCall> {
     const startedAt = this.clock.now();
     const { tokens, maxTokens, lane, session } = call;
-    const usesPrefix = this.policy === "sluice" || this.policy === "gate-prefix";
-    const hashes = usesPrefix ? this.hashesFor(session, tokens) : [];
+    const hashes = this.features.placement === "prefix" ? this.hashesFor(session, tokens) : [];
     let stepHeld = false;
     let reservation: Reservation | null = null;
     let permit: Permit | null = null;
@@ -379,7 +383,7 @@ export class Scheduler {
         });
       }
       let decision: PlacementDecision;
-      if (session && this.policy === "sluice") {
+      if (session && this.features.window !== null) {
         if (
           session.state === "waiting" &&
           eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
@@ -454,7 +458,7 @@ export class Scheduler {
           retryAfterSeconds: budgetRetryAfter(replica, tokens.length + maxTokens),
         });
       }
-      if (this.policy === "sluice") {
+      if (this.features.feasibility) {
         const laneConfig = this.config.lanes[lane];
         const refusal = checkDeadline({
           predictedTtftMs: predictTtftMs({
@@ -475,7 +479,7 @@ export class Scheduler {
           const rank = replica.chooseRank();
           permit = await replica.gate.acquire({
             ...(rank !== undefined ? { rank } : {}),
-            ...(this.policy === "sluice" ? { lane } : {}),
+            ...(this.features.lanes ? { lane } : {}),
             ...(req.signal ? { signal: req.signal } : {}),
             prefillTokens: Math.max(1, uncached),
           });
@@ -629,11 +633,11 @@ export class Scheduler {
     const now = this.clock.now();
     const notBusy = eligible.filter((replica) => !replica.busy(now));
     const pool = notBusy.length > 0 ? notBusy : eligible;
-    if (this.policy === "rr") {
+    if (this.features.placement === "round-robin") {
       const replica = pool[this.roundRobin++ % pool.length]!;
       return { replica: replica.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
     }
-    if (this.policy === "gate") {
+    if (this.features.placement === "least-loaded") {
       let best = pool[0]!;
       for (const replica of pool) if (load(replica) < load(best)) best = replica;
       return { replica: best.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
@@ -665,7 +669,7 @@ export class Scheduler {
       blockSize: this.config.blockSize,
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
-      usePrefix: this.policy === "sluice" || this.policy === "gate-prefix",
+      usePrefix: this.features.placement === "prefix",
     });
   }
 
@@ -847,7 +851,17 @@ export class Scheduler {
         dataParallelSize: signals.dataParallelSize,
         prefillTokensPerSecond: replica.prefillRate.rate(),
       },
-      window: { size: counts.size, active: counts.active, paused: counts.paused, waiting: counts.waiting },
+      window: {
+        unit: this.features.window,
+        size: counts.size,
+        sizeTokens: counts.sizeTokens,
+        footprintTokens: counts.footprintTokens,
+        active: counts.active,
+        idle: counts.idle,
+        dormant: counts.dormant,
+        paused: counts.paused,
+        waiting: counts.waiting,
+      },
       gate: {
         requests: snapshot?.requests ?? 0,
         waiting: snapshot?.waiting ?? 0,

@@ -3,6 +3,7 @@
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { resolveGateLimits } from "../config/gate-limits.js";
+import type { PolicyFeatures } from "../config/policy-features.js";
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { LANE_DEFAULTS } from "../config/scheduler-config.js";
 import type { Engine, EngineSignals } from "../engine.js";
@@ -44,13 +45,12 @@ export class ReplicaRuntime {
     engine: Engine,
     clock: Clock,
     private readonly config: SchedulerConfig,
+    features: PolicyFeatures,
   ) {
     this.id = engine.id;
     this.engine = engine;
     this.signalsSeen = engine.signals();
     this.completions = new DrainEstimator({ clock });
-    const policy = config.policy;
-    const usesGate = policy !== "rr";
     const signals = this.signalsSeen;
     this.prefillRate = new PrefillRateEstimator({
       priorTokensPerSecond:
@@ -58,10 +58,10 @@ export class ReplicaRuntime {
           ? signals.prefillTokensPerSecond
           : 10_000,
     });
-    if (usesGate) {
+    if (features.gate) {
       const limits = this.gateLimits(signals.maxNumSeqs);
       this.reportedMaxNumSeqs = signals.maxNumSeqs;
-      const lanes = policy === "sluice" ? this.laneOptions() : undefined;
+      const lanes = features.lanes ? this.laneOptions() : undefined;
       this.gate = new BackendGate({
         ...limits,
         ...(signals.dataParallelSize > 1 ? { ranks: signals.dataParallelSize } : {}),
@@ -72,17 +72,15 @@ export class ReplicaRuntime {
     } else {
       this.gate = null;
     }
-    this.budget =
-      policy === "sluice"
-        ? new TokenBudget({
-            ceilingTokens:
-              config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
-            guardBandFraction: config.budget.guardBandFraction,
-          })
-        : null;
-    this.window = policy === "sluice" ? new AimdWindow({ ...config.window }) : null;
+    this.budget = features.budget
+      ? new TokenBudget({
+          ceilingTokens: config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
+          guardBandFraction: config.budget.guardBandFraction,
+        })
+      : null;
+    this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.index =
-      policy === "sluice" || policy === "gate-prefix"
+      features.placement === "prefix"
         ? new PrefixIndex(
             Math.max(1, Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize)),
           )

@@ -78,11 +78,25 @@ export interface SessionAdmissionOptions {
   onEvent?: (id: string, event: SessionEventName, replica: string | null) => void;
 }
 
+/** One replica's window occupancy (see `ReplicaState.window`). */
+export interface ReplicaWindowCounts {
+  size: number | null;
+  sizeTokens: number | null;
+  footprintTokens: number | null;
+  active: number;
+  idle: number;
+  dormant: number;
+  paused: number;
+  waiting: number;
+}
+
 /** Leaks and load, for `idleCheck()` and state snapshots. */
 export interface AdmissionCounts {
   total: number;
   waiting: number;
   active: number;
+  idle: number;
+  dormant: number;
   paused: number;
   runningSteps: number;
   queuedSteps: number;
@@ -183,6 +197,9 @@ export class SessionAdmission {
       replica: session.replica,
       steps: session.steps,
       tokens: session.tokens,
+      phase: session.state === "active" && session.running === 0 ? "idle" : session.state,
+      footprint_tokens: 0,
+      retention_ms: 0,
     };
     if (session.lane) view.lane = session.lane;
     if (session.metadata) view.metadata = session.metadata;
@@ -287,6 +304,8 @@ export class SessionAdmission {
       total: 0,
       waiting: 0,
       active: 0,
+      idle: 0,
+      dormant: 0,
       paused: 0,
       runningSteps: 0,
       queuedSteps: 0,
@@ -295,6 +314,7 @@ export class SessionAdmission {
       if (session.state === "closed") continue;
       counts.total++;
       counts[session.state]++;
+      if (session.state === "active" && session.running === 0) counts.idle++;
       counts.runningSteps += session.running;
       counts.queuedSteps += session.waiters.length;
     }
@@ -302,14 +322,30 @@ export class SessionAdmission {
   }
 
   /** Window occupancy of one replica. */
-  replicaCounts(id: string): { size: number | null; active: number; paused: number; waiting: number } {
+  replicaCounts(id: string): ReplicaWindowCounts {
     const slots = this.replicas.get(id);
-    if (!slots) return { size: null, active: 0, paused: 0, waiting: 0 };
+    if (!slots)
+      return {
+        size: null,
+        sizeTokens: null,
+        footprintTokens: null,
+        active: 0,
+        idle: 0,
+        dormant: 0,
+        paused: 0,
+        waiting: 0,
+      };
     let waiting = 0;
     for (const session of slots.paused) waiting += session.waiters.length > 0 ? 1 : 0;
+    let idle = 0;
+    for (const session of slots.active) if (session.running === 0) idle++;
     return {
       size: slots.size,
+      sizeTokens: null,
+      footprintTokens: null,
       active: slots.active.length,
+      idle,
+      dormant: 0,
       paused: slots.paused.length,
       waiting: waiting + this.queue.length,
     };
