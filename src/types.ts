@@ -41,6 +41,8 @@ export interface CallRequest {
   declaredLane?: Lane;
   /** The client's own time-to-first-token deadline, ms. */
   deadlineMs?: number;
+  /** How long the client expects to be away after this step, ms: a hint for its session's retention (SPEC 6). */
+  expectedIdleMs?: number;
   /** Priority from the API key (higher is more important); never from a client header. Default 0. */
   priority?: number;
   tenant?: string;
