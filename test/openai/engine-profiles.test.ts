@@ -114,7 +114,7 @@ describe("constructed pages", () => {
     assert.equal(s.running, 2);
   });
 
-  it("pre-0.4 SGLang names, with its hit-rate gauge in percent", () => {
+  it("the first SGLang collector's names, with its hit-rate gauge in percent", () => {
     const s = parseEngineMetrics(
       [
         'sglang:max_total_num_tokens{name="m"} 500000',

@@ -289,11 +289,11 @@ function vllmSignals(byName: ByName): ScrapedSignals {
 
 // --- SGLang -------------------------------------------------------------------------------------
 
-/** Running requests: `num_running_reqs` since 0.4; `num_requests_running` before. */
+/** Running requests: `num_running_reqs` in later versions; `num_requests_running` in the first collector (2024). */
 const SGLANG_RUNNING = ["sglang:num_running_reqs", "sglang:num_requests_running"];
-/** Waiting requests: `num_queue_reqs` since 0.4; `num_requests_waiting` and `queue_req` before. */
+/** Waiting requests: `num_queue_reqs` in later versions; `num_requests_waiting` and `queue_req` in the first collector. */
 const SGLANG_WAITING = ["sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"];
-/** Names only the pre-0.4 collector exported. */
+/** Names only the first collector exported. */
 const SGLANG_LEGACY_ONLY = ["sglang:num_requests_running", "sglang:num_requests_waiting", "sglang:queue_req"];
 
 /**
@@ -358,7 +358,7 @@ function sglangSignals(byName: ByName): ScrapedSignals {
   };
   const stated = pick(byName, "sglang:cache_hit_rate");
   if (stated) {
-    // The pre-0.4 collector set this gauge in percent (its log line printed `100 × rate`); later ones in 0–1.
+    // The first collector set this gauge in percent (as its log line printed it); later ones in 0–1.
     const value = mean(stated);
     signals.statedHitRate = clamp01(legacy || value > 1 ? value / 100 : value);
   }
