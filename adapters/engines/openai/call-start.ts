@@ -74,8 +74,8 @@ function callHeaders(context: CallContext, call: EngineCall): Record<string, str
  * reached (`unavailable`, and the replica is marked unhealthy), or with the
  * client's abort reason when `call.signal` aborted first.
  *
- * The call runs under one signal: the client's, the engine's closing, and
- * sluice's own stops (a consumer that stopped, a timeout) combined.
+ * The call runs under one signal: the client's abort and sluice's own stops
+ * (the engine closing, a consumer that stopped, a timeout) combined.
  */
 export async function startUpstreamCall(context: CallContext, call: EngineCall): Promise<UpstreamStream> {
   call.signal.throwIfAborted();
@@ -87,12 +87,17 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
   }
   const own = new AbortController();
   const stop = (why: CallStop): void => own.abort(why);
-  const signal = AbortSignal.any([call.signal, context.closing, own.signal]);
+  // The engine's closing reaches the call through `own`, by a listener removed when the call ends: a
+  // long-lived signal given to AbortSignal.any keeps every signal derived from it alive (Node 20).
+  const onClosing = (): void => stop(new CallStop("closed"));
+  context.closing.addEventListener("abort", onClosing, { once: true });
+  const signal = AbortSignal.any([call.signal, own.signal]);
   context.began();
   let ended = false;
   const end = (): void => {
     if (ended) return;
     ended = true;
+    context.closing.removeEventListener("abort", onClosing);
     context.ended();
   };
   const timeoutMs = context.requestTimeoutMs;
@@ -113,7 +118,6 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
       },
     );
   } catch (error) {
-    cancelTimer?.();
     end();
     throw failureBeforeHeaders(context, call, signal, error);
   } finally {

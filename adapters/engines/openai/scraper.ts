@@ -219,9 +219,13 @@ export class UpstreamScraper {
 
   /** GET a small text resource under the scrape timeout and size cap; throws on any failure. */
   private async getText(path: string): Promise<string> {
-    const timeout = new AbortController();
-    const signal = AbortSignal.any([this.options.closing, timeout.signal]);
-    const cancelTimer = this.options.clock.setTimeout(() => timeout.abort(), this.options.scrapeTimeoutMs);
+    // One controller per request, aborted by the timeout or the engine closing (a listener removed
+    // afterwards: a long-lived signal given to AbortSignal.any would keep every request's signal alive).
+    const controller = new AbortController();
+    const signal = controller.signal;
+    const abort = (): void => controller.abort();
+    this.options.closing.addEventListener("abort", abort, { once: true });
+    const cancelTimer = this.options.clock.setTimeout(abort, this.options.scrapeTimeoutMs);
     try {
       const response = await this.options.transport.send(this.options.baseUrl + path, {
         method: "GET",
@@ -233,6 +237,7 @@ export class UpstreamScraper {
       return text;
     } finally {
       cancelTimer();
+      this.options.closing.removeEventListener("abort", abort);
     }
   }
 }
