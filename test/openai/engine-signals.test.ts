@@ -6,11 +6,13 @@
  */
 
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { afterEach, describe, it } from "node:test";
 import { OpenAIUpstreamEngine } from "../../adapters/engines/openai/upstream-engine.js";
 import { VirtualClock } from "../../src/clock.js";
 import type { EngineCall, EngineChunk } from "../../src/engine.js";
+import { Refusal } from "../../src/errors.js";
 import { type FakeUpstream, type Handler, startFakeUpstream, startSse } from "./fake-upstream.js";
 
 const fixture = (name: string) => readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8");
@@ -180,5 +182,52 @@ describe("a genuine include_usage stream", () => {
     assert.deepEqual(sent.stream_options, { include_usage: true });
     assert.equal(result.promptTokens, 14);
     assert.equal(result.completionTokens, 3);
+  });
+});
+
+describe("one signal per call", () => {
+  /** The engine's closing signal, to count who still listens to it. */
+  const closingOf = (engine: OpenAIUpstreamEngine) =>
+    (engine as unknown as { closing: AbortController }).closing.signal;
+
+  it("ended calls and scrapes leave nothing listening to the engine; a call waiting for headers is refused when it closes", async () => {
+    let hold = false;
+    const up = await upstream({
+      "/metrics": page(SGLANG_PAGE),
+      "/v1/chat/completions": (_req, res) => {
+        if (hold) return; // never answers
+        startSse(res);
+        for (const event of STREAM_EVENTS) res.write(event);
+        res.end();
+      },
+    });
+    const engine = engineFor(up);
+    await engine.start();
+    const call = (): EngineCall => ({
+      requestId: "r",
+      model: "m",
+      promptTokens: [1],
+      maxTokens: 4,
+      endpoint: "chat",
+      body: { messages: [] },
+      stream: true,
+      signal: new AbortController().signal,
+    });
+    for (let i = 0; i < 3; i++) {
+      const stream = await engine.generate(call());
+      for await (const _ of stream) {
+        // drained
+      }
+    }
+    await engine.scrape();
+    assert.equal(getEventListeners(closingOf(engine), "abort").length, 0, "no listener left behind");
+
+    hold = true;
+    const waiting = engine.generate(call());
+    await up.nextRequest("/v1/chat/completions", 4);
+    assert.equal(getEventListeners(closingOf(engine), "abort").length, 1);
+    await engine.close();
+    await assert.rejects(waiting, (e: unknown) => e instanceof Refusal && e.reason === "unavailable");
+    assert.equal(engine.inFlight(), 0);
   });
 });
