@@ -967,6 +967,19 @@ export class Scheduler {
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
       inflightPrefillTokens: replica.inflightPrefillTokens,
+      ...(signals.profile === undefined
+        ? {}
+        : {
+            engine: {
+              profile: signals.profile,
+              unknown: [...(signals.unknown ?? [])],
+              kvCapacitySource:
+                signals.kvCapacitySource ?? (signals.kvCapacityTokens > 0 ? "engine" : "unknown"),
+              // A ceiling of MAX_SAFE_INTEGER is the budget switched off for want of a capacity.
+              tokenBudget: budget !== null && budget.ceiling < Number.MAX_SAFE_INTEGER,
+              ...(signals.statedHitRate === undefined ? {} : { statedHitRate: signals.statedHitRate }),
+            },
+          }),
     };
   }
 

@@ -11,6 +11,7 @@ import { POLICIES, type Policy, type SchedulerConfigInput } from "../../src/conf
 import type { Engine } from "../../src/engine.js";
 import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
+import { describeUpstream, resolveUpstreams, UpstreamSpecError } from "../engines/openai/upstream-spec.js";
 import { isPresetName, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
@@ -43,8 +44,10 @@ export interface ServeOptions {
   port?: number;
   /** Interface to listen on. Default `0.0.0.0` (every interface, as vLLM and SGLang do). */
   host?: string;
-  /** OpenAI-compatible upstream base URLs; none → simulated replicas. */
+  /** OpenAI-compatible upstreams, `URL` or `NAME=URL` (the replica id; default host:port); none → simulated replicas. */
   upstreams?: string[];
+  /** KV capacity for upstreams whose engine states none: `N` for all, `NAME=N` for one. */
+  kvCapacityTokens?: string[];
   /** Engines to serve as they are (tests, embedding); wins over `upstreams` and the simulator. */
   engines?: Engine[];
   /** Simulated replicas when there is no upstream. Default 2. */
@@ -94,22 +97,35 @@ const DEFAULTS = {
 
 const stderrLog = (line: string) => process.stderr.write(`${line}\n`);
 
-async function buildEngines(options: ServeOptions): Promise<{ engines: Engine[]; description: string }> {
+async function buildEngines(
+  options: ServeOptions,
+  log: (line: string) => void,
+): Promise<{ engines: Engine[]; description: string }> {
   if (options.engines && options.engines.length > 0) {
     return { engines: options.engines, description: `${options.engines.length} given engine(s)` };
   }
-  const upstreams = options.upstreams ?? [];
+  const upstreams = resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
   if (upstreams.length > 0) {
     const engines = upstreams.map(
-      (baseUrl, i) =>
+      (spec) =>
         new OpenAIUpstreamEngine({
-          baseUrl,
-          ...(upstreams.length > 1 ? { id: `upstream-${i}` } : {}),
+          baseUrl: spec.url,
+          id: spec.name,
+          ...(spec.kvCapacityTokens !== undefined ? { kvCapacityTokens: spec.kvCapacityTokens } : {}),
         }),
     );
     // The first scrape and `/v1/models` settle (never reject) before serving, so the first call knows the models.
     await Promise.all(engines.map((engine) => engine.start()));
-    return { engines, description: `upstream ${upstreams.join(", ")}` };
+    // What each engine's metrics said, and a warning for every budget that must stay off.
+    for (const [i, engine] of engines.entries()) {
+      const { line, warning } = describeUpstream(engine.id, upstreams[i]!.url, engine.signals());
+      log(line);
+      if (warning) log(warning);
+    }
+    return {
+      engines,
+      description: `upstream ${upstreams.map((u) => `${u.name}=${u.url}`).join(", ")}`,
+    };
   }
   const count = options.simReplicas ?? DEFAULTS.simReplicas;
   if (!(Number.isInteger(count) && count >= 1)) throw new RangeError(`simReplicas must be ≥ 1, got ${count}`);
@@ -196,7 +212,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     throw new RangeError(`port must be 0–65535, got ${port}`);
   const host = options.host ?? DEFAULTS.host;
 
-  const { engines, description } = await buildEngines(options);
+  const { engines, description } = await buildEngines(options, log);
   const natsScaleOut = options.nats ? await connectNatsScaleOut(options.nats, log) : undefined;
   const scheduler = new Scheduler({
     engines,
@@ -311,7 +327,12 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
   upstream: {
     env: "SLUICE_UPSTREAM",
     multiple: true,
-    help: "OpenAI-compatible engine base URL, repeatable (env: comma-separated); none: simulated replicas",
+    help: "OpenAI-compatible engine, URL or NAME=URL (NAME: the replica id, default host:port), repeatable (env: comma-separated); none: simulated replicas",
+  },
+  "kv-capacity-tokens": {
+    env: "SLUICE_KV_CAPACITY_TOKENS",
+    multiple: true,
+    help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N, repeatable; without it the token budget of such an upstream is off",
   },
   "sim-replicas": {
     env: "SLUICE_SIM_REPLICAS",
@@ -671,15 +692,12 @@ export async function serveOptionsFromArgs(
   }
 
   const upstreams = list(raw, env, "upstream");
-  for (const upstream of upstreams) {
-    let ok = false;
-    try {
-      const parsed = new URL(upstream);
-      ok = parsed.protocol === "http:" || parsed.protocol === "https:";
-    } catch {
-      ok = false;
-    }
-    if (!ok) throw invalid("--upstream", "an http(s) URL", upstream);
+  const kvCapacityTokens = list(raw, env, "kv-capacity-tokens");
+  try {
+    resolveUpstreams(upstreams, kvCapacityTokens);
+  } catch (err) {
+    if (err instanceof UpstreamSpecError) throw invalid(err.setting, err.expected, err.value);
+    throw err;
   }
 
   const keysSource = lookupSetting(raw, env, "api-keys");
@@ -725,6 +743,7 @@ export async function serveOptionsFromArgs(
     ...(port !== undefined ? { port } : {}),
     ...(host ? { host } : {}),
     ...(upstreams.length > 0 ? { upstreams } : {}),
+    ...(kvCapacityTokens.length > 0 ? { kvCapacityTokens } : {}),
     ...(simReplicas !== undefined ? { simReplicas } : {}),
     ...(simPreset ? { simPreset } : {}),
     ...(keys ? { keys } : {}),
