@@ -41,6 +41,8 @@ export interface CallRequest {
   declaredLane?: Lane;
   /** The client's own time-to-first-token deadline, ms. */
   deadlineMs?: number;
+  /** How long the client expects to be away after this step, ms: a hint for its session's retention (SPEC 6). */
+  expectedIdleMs?: number;
   /** Priority from the API key (higher is more important); never from a client header. Default 0. */
   priority?: number;
   tenant?: string;
@@ -67,7 +69,15 @@ export interface AdmittedCall extends AsyncIterable<EngineChunk> {
   cancel(): void;
 }
 
+/** A session's state as SPEC 8 names it; a dormant session shows as `paused` (it left the window, keeps its pin). */
 export type SessionState = "waiting" | "active" | "paused" | "closed";
+
+/**
+ * Where a session stands with its window, finer than `SessionState`: an active
+ * session between steps is `idle`; an idle one that left the window after its
+ * retention time is `dormant`.
+ */
+export type SessionPhase = "waiting" | "active" | "idle" | "dormant" | "paused" | "closed";
 
 /** A session as the API shows it (SPEC 8). */
 export interface SessionView {
@@ -77,6 +87,12 @@ export interface SessionView {
   steps: number;
   /** Tokens the session's context holds: last prompt plus its output. */
   tokens: number;
+  /** Finer state: active sessions between steps are `idle`, idle ones out of the window `dormant`. */
+  phase: SessionPhase;
+  /** Tokens the session holds in its window while active: context plus expected next growth (SPEC 6). */
+  footprint_tokens: number;
+  /** How long an idle session keeps its place before it may go dormant, ms (SPEC 6). */
+  retention_ms: number;
   lane?: Lane;
   metadata?: Record<string, unknown>;
 }
@@ -111,8 +127,25 @@ export interface ReplicaState {
     dataParallelSize: number;
     prefillTokensPerSecond: number;
   };
-  /** Session window; `size` is null when the policy has no window. */
-  window: { size: number | null; active: number; paused: number; waiting: number };
+  /**
+   * Session window. `unit` null: the policy has none. `size` is W for the
+   * session-count law and the count of sessions the window holds for the token
+   * window; `sizeTokens` is the token window W, `footprintTokens` the sum of its
+   * active sessions' footprints (null for the session-count law).
+   */
+  window: {
+    unit: "tokens" | "sessions" | null;
+    size: number | null;
+    sizeTokens: number | null;
+    footprintTokens: number | null;
+    /** Active sessions (running a step or idle between steps). */
+    active: number;
+    /** Active sessions between steps. */
+    idle: number;
+    dormant: number;
+    paused: number;
+    waiting: number;
+  };
   gate: {
     requests: number;
     waiting: number;
@@ -141,7 +174,7 @@ export interface AdminState {
   stage: OverloadStage;
   models: string[];
   replicas: ReplicaState[];
-  sessions: { total: number; waiting: number; active: number; paused: number };
+  sessions: { total: number; waiting: number; active: number; idle: number; dormant: number; paused: number };
   /** Cumulative refusals by reason. */
   rejections: Record<string, number>;
 }
@@ -161,7 +194,18 @@ export interface SchedulerEvents {
   finished?(e: { lane: Lane; replica: string; outcome: CallOutcome }): void;
   session?(e: {
     id: string;
-    event: "admitted" | "paused" | "resumed" | "closed";
+    event: "admitted" | "paused" | "resumed" | "dormant" | "closed";
     replica: string | null;
+  }): void;
+  /** An idle session was given a retention time (SPEC 6), from its own gaps, the fleet's, or the client's hint. */
+  retention?(e: { replica: string; retentionMs: number; source: "own" | "fleet" | "hint" | "default" }): void;
+  /** A replica's window law changed W, and why. */
+  window?(e: {
+    replica: string;
+    unit: "tokens" | "sessions";
+    from: number;
+    to: number;
+    action: "increase" | "decrease";
+    cause: string;
   }): void;
 }

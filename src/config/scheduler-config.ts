@@ -8,8 +8,12 @@ const fraction = z.number().min(0).max(1);
 const ms = z.number().nonnegative();
 
 /** Policies the scheduler can run; the baselines go through the same code. */
-export const POLICIES = ["rr", "gate", "gate-prefix", "sluice"] as const;
+export const POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
 export type Policy = (typeof POLICIES)[number];
+
+/** What a session window counts: KV tokens of cache footprint (SPEC 6), or sessions (CONCUR's law). */
+export const WINDOW_UNITS = ["tokens", "sessions"] as const;
+export type WindowUnit = (typeof WINDOW_UNITS)[number];
 
 const laneQueue = z.strictObject({
   /** Lane queue limit; undefined follows the gate's request queue limit. */
@@ -59,20 +63,33 @@ export const schedulerConfigSchema = z.strictObject({
     .prefault({}),
   window: z
     .strictObject({
+      /** `tokens`: SPEC 6's token window; `sessions`: CONCUR's session-count law (also policy `concur`). */
+      unit: z.enum(WINDOW_UNITS).default("sessions"),
+      /** Session-count law: window before the first control step, sessions. */
       initial: positiveInt.default(8),
       min: positiveInt.default(1),
       max: positiveInt.default(1024),
-      increase: z.number().positive().default(2),
+      increase: positiveInt.default(2),
       decrease: z.number().gt(0).lt(1).default(0.5),
       kvLow: fraction.default(0.2),
       kvHigh: fraction.default(0.5),
       hitLow: fraction.default(0.2),
+      /** Token law: first W, tokens; undefined: the replica's KV capacity less the guard band. */
+      initialTokens: positiveInt.optional(),
+      /** Token law: smallest W, tokens; undefined: the largest single footprint. */
+      minTokens: positiveInt.optional(),
+      /** Token law: largest W, tokens; undefined: four times the KV capacity. */
+      maxTokens: positiveInt.optional(),
+      /** Token law: α, tokens added per interval after the first cut; undefined: KV capacity / 16. */
+      increaseTokens: positiveInt.optional(),
     })
     .prefault({}),
   sessions: z
     .strictObject({
       controlIntervalMs: z.number().positive().default(2000),
       idleTimeoutMs: z.number().positive().default(120_000),
+      /** Quantile of a session's (or the fleet's) idle gaps taken as its retention time (SPEC 6). */
+      retentionQuantile: z.number().gt(0).max(1).default(0.9),
       queueLimit: nonNegativeInt.default(1024),
       waitLimitMs: ms.default(600_000),
       staleSignals: z.enum(["closed", "open"]).default("closed"),

@@ -3,6 +3,7 @@
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { resolveGateLimits } from "../config/gate-limits.js";
+import type { PolicyFeatures } from "../config/policy-features.js";
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { LANE_DEFAULTS } from "../config/scheduler-config.js";
 import type { Engine, EngineSignals } from "../engine.js";
@@ -10,6 +11,7 @@ import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
 import { PrefixIndex } from "../routing/prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
+import { TokenWindow } from "../sessions/token-window.js";
 import { HitRateMeter } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
@@ -23,7 +25,10 @@ export class ReplicaRuntime {
   readonly engine: Engine;
   readonly gate: BackendGate | null;
   readonly budget: TokenBudget | null;
+  /** CONCUR's session-count law, for the `sessions` window unit. */
   readonly window: AimdWindow | null;
+  /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
+  tokenWindow: TokenWindow | null;
   readonly index: PrefixIndex | null;
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
@@ -44,13 +49,12 @@ export class ReplicaRuntime {
     engine: Engine,
     clock: Clock,
     private readonly config: SchedulerConfig,
+    features: PolicyFeatures,
   ) {
     this.id = engine.id;
     this.engine = engine;
     this.signalsSeen = engine.signals();
     this.completions = new DrainEstimator({ clock });
-    const policy = config.policy;
-    const usesGate = policy !== "rr";
     const signals = this.signalsSeen;
     this.prefillRate = new PrefillRateEstimator({
       priorTokensPerSecond:
@@ -58,10 +62,10 @@ export class ReplicaRuntime {
           ? signals.prefillTokensPerSecond
           : 10_000,
     });
-    if (usesGate) {
+    if (features.gate) {
       const limits = this.gateLimits(signals.maxNumSeqs);
       this.reportedMaxNumSeqs = signals.maxNumSeqs;
-      const lanes = policy === "sluice" ? this.laneOptions() : undefined;
+      const lanes = features.lanes ? this.laneOptions() : undefined;
       this.gate = new BackendGate({
         ...limits,
         ...(signals.dataParallelSize > 1 ? { ranks: signals.dataParallelSize } : {}),
@@ -72,17 +76,16 @@ export class ReplicaRuntime {
     } else {
       this.gate = null;
     }
-    this.budget =
-      policy === "sluice"
-        ? new TokenBudget({
-            ceilingTokens:
-              config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
-            guardBandFraction: config.budget.guardBandFraction,
-          })
-        : null;
-    this.window = policy === "sluice" ? new AimdWindow({ ...config.window }) : null;
+    this.budget = features.budget
+      ? new TokenBudget({
+          ceilingTokens: config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
+          guardBandFraction: config.budget.guardBandFraction,
+        })
+      : null;
+    this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
+    this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
     this.index =
-      policy === "sluice" || policy === "gate-prefix"
+      features.placement === "prefix"
         ? new PrefixIndex(
             Math.max(1, Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize)),
           )
@@ -123,6 +126,11 @@ export class ReplicaRuntime {
     if (this.budget && this.config.budget.ceilingTokens === undefined && signals.kvCapacityTokens > 0) {
       if (this.budget.ceiling !== signals.kvCapacityTokens) this.budget.setCeiling(signals.kvCapacityTokens);
     }
+    if (this.tokenWindow && signals.kvCapacityTokens > 0) {
+      if (this.tokenWindow.options.capacityTokens !== this.windowCapacity(signals.kvCapacityTokens)) {
+        this.tokenWindow = this.newTokenWindow(signals.kvCapacityTokens);
+      }
+    }
     if (this.index && signals.kvCapacityTokens > 0) {
       const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
       if (blocks !== this.index.capacity) this.index.resize(blocks);
@@ -160,6 +168,27 @@ export class ReplicaRuntime {
       queued: snapshot ? snapshot.queued : 0,
       reservations: this.budget?.outstanding ?? 0,
     };
+  }
+
+  /** The capacity the token window is sized by: the budget's ceiling when set, else the engine's KV capacity. */
+  private windowCapacity(kvCapacityTokens: number): number {
+    return this.config.budget.ceilingTokens ?? (kvCapacityTokens > 0 ? kvCapacityTokens : FALLBACK_KV_TOKENS);
+  }
+
+  private newTokenWindow(kvCapacityTokens: number): TokenWindow {
+    const w = this.config.window;
+    return new TokenWindow({
+      capacityTokens: this.windowCapacity(kvCapacityTokens),
+      guardBandFraction: this.config.budget.guardBandFraction,
+      decrease: w.decrease,
+      kvLow: w.kvLow,
+      kvHigh: w.kvHigh,
+      hitLow: w.hitLow,
+      ...(w.initialTokens !== undefined ? { initial: w.initialTokens } : {}),
+      ...(w.minTokens !== undefined ? { min: w.minTokens } : {}),
+      ...(w.maxTokens !== undefined ? { max: w.maxTokens } : {}),
+      ...(w.increaseTokens !== undefined ? { increase: w.increaseTokens } : {}),
+    });
   }
 
   private gateLimits(maxNumSeqs: number) {

@@ -1,0 +1,53 @@
+/**
+ * @module A policy resolved once into the features it enables. Every step of
+ * the request path asks its feature, never the policy's name, so a new policy
+ * is one row here.
+ */
+
+import type { Policy, WindowUnit } from "./scheduler-config.js";
+
+/** What one policy switches on. */
+export interface PolicyFeatures {
+  /** How a call without a session pin is placed. */
+  readonly placement: "round-robin" | "least-loaded" | "prefix";
+  /** The per-rank backend gate (SPEC 4). */
+  readonly gate: boolean;
+  /** Interactive and bulk lanes inside the gate (SPEC 5). */
+  readonly lanes: boolean;
+  /** Per-replica token budget (SPEC 5). */
+  readonly budget: boolean;
+  /** Refusal of calls whose predicted TTFT misses their deadline (SPEC 5). */
+  readonly feasibility: boolean;
+  /** Overload stages: bulk paused, then shedding (SPEC 5). */
+  readonly overload: boolean;
+  /** Session admission through a per-replica window, counted in this unit; null: none (SPEC 6). */
+  readonly window: WindowUnit | null;
+}
+
+const BASELINE = { lanes: false, budget: false, feasibility: false, overload: false, window: null } as const;
+
+/**
+ * The features of `policy`. `windowUnit` is the configured unit of sluice's
+ * own window; `concur` is CONCUR's session-count law whatever it says.
+ */
+export function policyFeatures(policy: Policy, windowUnit: WindowUnit): PolicyFeatures {
+  switch (policy) {
+    case "rr":
+      return { ...BASELINE, placement: "round-robin", gate: false };
+    case "gate":
+      return { ...BASELINE, placement: "least-loaded", gate: true };
+    case "gate-prefix":
+      return { ...BASELINE, placement: "prefix", gate: true };
+    case "concur":
+    case "sluice":
+      return {
+        placement: "prefix",
+        gate: true,
+        lanes: true,
+        budget: true,
+        feasibility: true,
+        overload: true,
+        window: policy === "concur" ? "sessions" : windowUnit,
+      };
+  }
+}
