@@ -402,17 +402,30 @@ export class Scheduler {
           );
         }
         const hint = this.pinHints.get(session.id);
-        const pinned = await this.admission.acquireStep(
-          session,
-          (candidates) =>
-            hint !== undefined && candidates.includes(hint)
-              ? hint
-              : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica,
-          req.signal,
-          { promptTokens: tokens.length, maxTokens, expectedIdleMs: req.expectedIdleMs },
-        );
-        this.pinHints.delete(session.id);
+        const choose = (candidates: readonly string[]) =>
+          hint !== undefined && candidates.includes(hint)
+            ? hint
+            : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica;
+        const demand = { promptTokens: tokens.length, maxTokens, expectedIdleMs: req.expectedIdleMs };
+        let pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
         stepHeld = true;
+        const alive = (id: string) => eligible.some((candidate) => candidate.id === id);
+        if (!alive(pinned) && !eligible.some((candidate) => this.admission.hasRoom(candidate.id, session))) {
+          // Its replica is down and no survivor has room now: leave the dead replica's window and
+          // wait for room elsewhere, ahead of new sessions, rather than be sent where no one answers.
+          this.admission.endStep(session, { completed: false });
+          stepHeld = false;
+          this.admission.evacuate(session);
+          pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
+          stepHeld = true;
+          if (!alive(pinned)) {
+            throw new Refusal("unavailable", `replica ${pinned} is unavailable and no other has room`, {
+              retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
+              scope: "fleet",
+            });
+          }
+        }
+        this.pinHints.delete(session.id);
         const movable = eligible.filter(
           (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
         );
@@ -536,6 +549,8 @@ export class Scheduler {
           replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
         }
         if (error instanceof EngineError) {
+          // Unreachable: no call goes there again until it answers a scrape (its sessions move).
+          replica.markUnreachable(this.clock.now());
           throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
             retryAfterSeconds: 1,
             scope: "worker",
@@ -783,12 +798,13 @@ export class Scheduler {
         queries: signals.prefixQueryTokens,
       });
       const stale = replica.stale(now);
-      const accepting = signals.healthy && (!stale || this.config.sessions.staleSignals === "open");
+      const healthy = replica.healthy();
+      const accepting = healthy && (!stale || this.config.sessions.staleSignals === "open");
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
-      const fresh = !stale && signals.healthy;
+      const fresh = !stale && healthy;
       const law = this.windowLaw(replica, signals.kvUsage, hitRate, fresh);
       if (!law) {
-        this.admission.setWindow(replica.id, null, signals.healthy);
+        this.admission.setWindow(replica.id, null, healthy);
       } else if (this.windowAuthority) {
         const grant = this.windowAuthority.decide({
           replica: replica.id,

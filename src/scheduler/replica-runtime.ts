@@ -34,6 +34,8 @@ export class ReplicaRuntime {
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
   busyUntil = Number.NEGATIVE_INFINITY;
+  /** When a call last found the engine unreachable (clock ms). */
+  private unreachableAt = Number.NEGATIVE_INFINITY;
   /** Uncached prompt tokens of calls waiting in the gate queue. */
   queuedPrefillTokens = 0;
   /** Uncached prompt tokens of admitted calls that have no first token yet. */
@@ -102,8 +104,14 @@ export class ReplicaRuntime {
     return isStale(this.signalsSeen.readAtMs, now, this.config.sessions.staleAfterMs);
   }
 
+  /** Healthy by its signals, and not found unreachable by a call since they were read. */
   healthy(): boolean {
-    return this.signalsSeen.healthy;
+    return this.signalsSeen.healthy && !(this.unreachableAt >= this.signalsSeen.readAtMs);
+  }
+
+  /** A call could not reach the engine: unhealthy until signals read after now say otherwise. */
+  markUnreachable(now: number): void {
+    this.unreachableAt = now;
   }
 
   busy(now: number): boolean {

@@ -39,6 +39,8 @@ export interface SessionRecord {
   pausedAt: number;
   /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
   movedFrom: string | null;
+  /** Its replica went unhealthy: it waits for room elsewhere ahead of every session never admitted. */
+  evacuated: boolean;
   /** Steps waiting for this session to become active. */
   readonly waiters: StepWaiter[];
   /** Free for the scheduler: per-session routing state (incremental hashes). */
@@ -245,6 +247,7 @@ export class SessionAdmission {
       admittedSeq: 0,
       pausedAt: 0,
       movedFrom: null,
+      evacuated: false,
       waiters: [],
       routing: undefined,
       demandTokens: 0,
@@ -366,7 +369,8 @@ export class SessionAdmission {
     // A footprint that grew here is enforced on the next control tick, not at once: pausing on every
     // step's end made sessions flap in and out at each boundary (measured: 299 pauses against 196
     // and 7 % longer makespan on `agents`).
-    if (session.state === "active" && session.pauseRequested && session.running === 0) this.pause(session, slots);
+    if (session.state === "active" && session.pauseRequested && session.running === 0)
+      this.pause(session, slots);
     this.fill();
   }
 
@@ -381,6 +385,30 @@ export class SessionAdmission {
     session.replica = replica;
     session.pauseRequested = false;
     this.account(session);
+    this.fill();
+  }
+
+  /**
+   * The session's replica is unhealthy: it leaves that replica's window and
+   * waits for room on another, first in the queue (ahead of every session
+   * never admitted), so a failover makes room rather than sending steps to
+   * a dead replica. Call at a step boundary (no step of it running).
+   */
+  evacuate(session: SessionRecord): void {
+    if (session.state === "closed" || session.state === "waiting" || session.running > 0) return;
+    const slots = session.replica ? this.replicas.get(session.replica) : undefined;
+    if (slots) {
+      removeFrom(slots.active, session);
+      removeFrom(slots.paused, session);
+      removeFrom(slots.dormant, session);
+    }
+    session.movedFrom = session.replica;
+    session.state = "waiting";
+    session.evacuated = true;
+    session.pauseRequested = false;
+    session.pausedAt = this.clock.now();
+    this.account(session);
+    this.options.onEvent?.(session.id, "paused", session.replica);
     this.fill();
   }
 
@@ -590,7 +618,7 @@ export class SessionAdmission {
    */
   private candidates(session: SessionRecord): string[] {
     const ids: string[] = [];
-    const starving = this.starving(session);
+    const starving = session.evacuated || this.starving(session);
     for (const [id, slots] of this.replicas) {
       if ((starving || !this.returningWait(slots)) && this.fits(slots, session)) ids.push(id);
     }
@@ -656,6 +684,7 @@ export class SessionAdmission {
     if (from && session.state === "paused") removeFrom(from.paused, session);
     if (from && session.state === "dormant") removeFrom(from.dormant, session);
     if (event === "admitted") session.admittedSeq = ++this.admittedSeq;
+    session.evacuated = false;
     session.state = "active";
     session.replica = replica;
     session.pauseRequested = false;
@@ -760,7 +789,8 @@ export class SessionAdmission {
           }
         }
         for (const session of [...slots.paused, ...slots.dormant]) {
-          if (this.starving(session) && this.fits(slots, session)) this.activate(session, slots.id, "resumed");
+          if (this.starving(session) && this.fits(slots, session))
+            this.activate(session, slots.id, "resumed");
         }
         while (slots.paused.length > 0 && this.fits(slots, slots.paused[0])) {
           this.activate(slots.paused[0]!, slots.id, "resumed");
@@ -837,7 +867,14 @@ export class SessionAdmission {
       session.waiters.push(waiter);
       if (session.state === "waiting" && !session.waiters.some((other) => other !== waiter && other.queued)) {
         waiter.queued = true;
-        this.queue.push(waiter);
+        if (session.evacuated) {
+          // A failover goes before sessions never admitted: behind earlier evacuees only.
+          let i = 0;
+          while (i < this.queue.length && this.queue[i]!.session.evacuated) i++;
+          this.queue.splice(i, 0, waiter);
+        } else {
+          this.queue.push(waiter);
+        }
       }
       waiter.cancelTimer = this.clock.setTimeout(() => {
         this.drop(
