@@ -25,6 +25,8 @@ import { runServerCommand } from "./server-command.js";
 
 /** A running NATS front end; `adapters/nats` provides it (loaded only when `--nats` is given). */
 export interface NatsService {
+  /** Stops taking NATS calls (the queue group routes them elsewhere) and lets running ones finish. */
+  drain?(timeoutMs: number): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -287,6 +289,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   let closing: Promise<void> | undefined;
   const close = () => {
     closing ??= (async () => {
+      // NATS calls drain like HTTP ones, side by side.
+      const natsDrained = nats?.drain?.(drainTimeoutMs);
       tracker.drain();
       scheduler.drain();
       const serverClosed = new Promise<void>((resolve) => server.close(() => resolve()));
@@ -300,6 +304,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       tracker.cancelAll();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
       await serverClosed;
+      await natsDrained;
       await nats?.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));

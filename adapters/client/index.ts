@@ -41,6 +41,13 @@ export function httpClient(
 export function natsClient(
   options: NatsTransportOptions & Omit<SluiceClientOptions, "transport">,
 ): SluiceClient {
-  const { nc, ...rest } = options;
-  return new SluiceClient({ ...rest, transport: new NatsTransport({ nc }) });
+  const { nc, heartbeatMs, deadAfterMs, ...rest } = options;
+  return new SluiceClient({
+    ...rest,
+    transport: new NatsTransport({
+      nc,
+      ...(heartbeatMs !== undefined ? { heartbeatMs } : {}),
+      ...(deadAfterMs !== undefined ? { deadAfterMs } : {}),
+    }),
+  });
 }

@@ -31,6 +31,17 @@ import {
 export interface NatsTransportOptions {
   /** A connection the caller owns (the transport never closes it). */
   nc: NatsConnection;
+  /**
+   * Chat calls ask sluice for a heartbeat this often while they run, ms (0:
+   * none, plain request/reply). Default 1000.
+   */
+  heartbeatMs?: number;
+  /**
+   * A chat call that hears nothing (no heartbeat, chunk or reply) for this
+   * long fails with 503 `unavailable`: the frontend serving it is gone. Default
+   * five heartbeats.
+   */
+  deadAfterMs?: number;
 }
 
 const encoder = new TextEncoder();
@@ -85,9 +96,21 @@ export class NatsTransport implements SluiceTransport {
   /** Calls waiting for a reply; each fails itself with the reason given when the connection drops. */
   private readonly inFlight = new Set<(reason: string) => void>();
   private stopped = false;
+  private readonly heartbeatMs: number;
+  private readonly deadAfterMs: number;
 
   constructor(options: NatsTransportOptions) {
     this.nc = options.nc;
+    this.heartbeatMs = options.heartbeatMs ?? 1000;
+    if (!(Number.isFinite(this.heartbeatMs) && this.heartbeatMs >= 0)) {
+      throw new RangeError(`heartbeatMs must be ≥ 0, got ${this.heartbeatMs}`);
+    }
+    this.deadAfterMs = options.deadAfterMs ?? this.heartbeatMs * 5;
+    if (this.heartbeatMs > 0 && !(Number.isFinite(this.deadAfterMs) && this.deadAfterMs > this.heartbeatMs)) {
+      throw new RangeError(
+        `deadAfterMs must exceed heartbeatMs (${this.heartbeatMs}), got ${this.deadAfterMs}`,
+      );
+    }
     void this.watchStatus();
   }
 
@@ -104,41 +127,74 @@ export class NatsTransport implements SluiceTransport {
   }
 
   async chat(call: TransportCall): Promise<ChatCompletion> {
-    const reply = await this.request(SUBJECTS.chat, call.body, this.callHeaders(call, false), call);
-    return reply.json<ChatCompletion>();
+    if (this.heartbeatMs === 0) {
+      const reply = await this.request(SUBJECTS.chat, call.body, this.callHeaders(call, false), call);
+      return reply.json<ChatCompletion>();
+    }
+    for await (const msg of this.exchange(call, false)) return msg.json<ChatCompletion>();
+    throw unavailable("sluice ended the call without a reply", call.requestId);
   }
 
   async *chatStream(call: TransportCall): AsyncGenerator<ChatChunk> {
+    for await (const msg of this.exchange(call, true)) {
+      if (msg.headers?.get(HEADERS.done) === "true") return;
+      yield msg.json<ChatChunk>();
+    }
+    throw unavailable("the stream ended without its done marker", call.requestId);
+  }
+
+  /**
+   * One chat call on a private inbox: yields every message but heartbeats,
+   * throws the service error a message carries. Ends the wait with a
+   * `SluiceError` when the call's time is up, the caller aborts, the
+   * connection drops, or (heartbeats on) the serving frontend falls silent.
+   */
+  private async *exchange(call: TransportCall, stream: boolean): AsyncGenerator<Msg> {
     this.checkUp(call.requestId);
     call.signal?.throwIfAborted();
     const inbox = createInbox();
     const sub = this.nc.subscribe(inbox);
-    // The whole call's limit, and the connection or the caller going away, end the wait for the next chunk.
     let failure: unknown;
     const fail = (err: unknown) => {
       if (failure === undefined) failure = err;
       sub.unsubscribe();
     };
     const timer = setTimeout(() => fail(timedOut(call.timeoutMs, call.requestId)), call.timeoutMs);
+    let silence: ReturnType<typeof setTimeout> | undefined;
+    const listen = () => {
+      if (this.heartbeatMs === 0) return;
+      clearTimeout(silence);
+      silence = setTimeout(
+        () =>
+          fail(
+            unavailable(
+              `the sluice frontend serving this call fell silent for ${this.deadAfterMs} ms (no heartbeat); retry it`,
+              call.requestId,
+            ),
+          ),
+        this.deadAfterMs,
+      );
+    };
     const onAbort = () => fail(call.signal?.reason);
     call.signal?.addEventListener("abort", onAbort, { once: true });
     const lost = (reason: string) => fail(unavailable(reason, call.requestId));
     this.inFlight.add(lost);
     try {
-      this.nc.publish(SUBJECTS.chat, encoder.encode(JSON.stringify(call.body)), {
-        reply: inbox,
-        headers: this.callHeaders(call, true),
-      });
+      const headers = this.callHeaders(call, stream);
+      if (this.heartbeatMs > 0) headers.set(HEADERS.heartbeatMs, String(Math.ceil(this.heartbeatMs)));
+      listen();
+      this.nc.publish(SUBJECTS.chat, encoder.encode(JSON.stringify(call.body)), { reply: inbox, headers });
       for await (const msg of sub) {
+        listen();
+        if (msg.headers?.get(HEADERS.heartbeat) === "true") continue;
         const error = errorOf(msg, call.requestId);
         if (error) throw error;
-        if (msg.headers?.get(HEADERS.done) === "true") return;
-        yield msg.json<ChatChunk>();
+        yield msg;
       }
       if (failure !== undefined) throw failure;
-      throw unavailable("the stream ended without its done marker", call.requestId);
     } finally {
       clearTimeout(timer);
+      clearTimeout(silence);
       call.signal?.removeEventListener("abort", onAbort);
       this.inFlight.delete(lost);
       sub.unsubscribe();

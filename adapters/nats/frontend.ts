@@ -74,6 +74,12 @@ export interface NatsFrontend {
     scheduler: NatsServiceScheduler & WindowScheduler,
     service?: NatsFrontendOptions["service"],
   ): Promise<NatsService>;
+  /**
+   * Graceful stop of the NATS calls: leaves the queue group now (new calls go
+   * to the other frontends), lets running calls finish for up to `timeoutMs`,
+   * then cancels the rest, each answered with an error. `close` after it.
+   */
+  drain(timeoutMs: number): Promise<void>;
   /** Stops the service, gives back claims and leases, writes pending records, and closes the connection. */
   close(): Promise<void>;
 }
@@ -191,6 +197,9 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
         ...serviceOptions,
       });
       return service;
+    },
+    async drain(timeoutMs) {
+      await service?.drain(timeoutMs);
     },
     async close() {
       closing = true;

@@ -67,6 +67,14 @@ export interface ServeNatsOptions {
   frontendOptions?: Omit<NatsFrontendOptions, "servers" | "log">;
 }
 
+/** The NATS side of `sluice serve --nats URL`. */
+export interface ServedNats {
+  frontend: NatsFrontend;
+  /** Stops taking NATS calls now and lets running ones finish for up to `timeoutMs` (see `NatsService.drain`). */
+  drain(timeoutMs: number): Promise<void>;
+  close(): Promise<void>;
+}
+
 /**
  * Starts the NATS service. Given a connection (`nc`), it serves the
  * scheduler on it (`service.ts`); given a `url`, it connects as a frontend
@@ -74,12 +82,10 @@ export interface ServeNatsOptions {
  * `close()` tears it all down.
  */
 export function startNatsService(options: NatsServiceOptions): Promise<NatsService>;
-export function startNatsService(
-  options: ServeNatsOptions,
-): Promise<{ close(): Promise<void>; frontend: NatsFrontend }>;
+export function startNatsService(options: ServeNatsOptions): Promise<ServedNats>;
 export async function startNatsService(
   options: NatsServiceOptions | ServeNatsOptions,
-): Promise<NatsService | { close(): Promise<void>; frontend: NatsFrontend }> {
+): Promise<NatsService | ServedNats> {
   if ("nc" in options) return startServiceOnConnection(options);
   const log = options.log ?? (() => {});
   const frontend =
@@ -108,5 +114,5 @@ export async function startNatsService(
           ? " (shared sessions on JetStream KV)"
           : ""),
   );
-  return { frontend, close: () => frontend.close() };
+  return { frontend, drain: (timeoutMs) => frontend.drain(timeoutMs), close: () => frontend.close() };
 }

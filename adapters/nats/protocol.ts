@@ -25,6 +25,14 @@ export const HEADERS = {
   expectedIdleMs: "Sluice-Expected-Idle-Ms",
   stream: "Sluice-Stream",
   done: "Sluice-Done",
+  /**
+   * Asked by the requester: send an empty heartbeat message (header
+   * `Sluice-Heartbeat: true`) to the reply subject this often while the call
+   * runs, ms, so a requester learns of a dead frontend long before its timeout.
+   */
+  heartbeatMs: "Sluice-Heartbeat-Ms",
+  /** Marks a heartbeat message (no payload; not a reply). */
+  heartbeat: "Sluice-Heartbeat",
   /** How long the requester waits for the whole call, ms; the service cancels the call after it. */
   timeoutMs: "Sluice-Timeout-Ms",
   replica: "Sluice-Replica",

@@ -12,6 +12,7 @@ import {
   headers as createHeaders,
   Empty,
   ErrorCode,
+  Events,
   type MsgHdrs,
   type NatsConnection,
   type NatsError,
@@ -105,9 +106,22 @@ export interface NatsService {
   readonly service: Service;
   /** Calls from arrival to their last reply message. */
   readonly inFlight: number;
-  /** Stops taking requests, cancels calls in flight, and stops the service. Idempotent. */
+  /**
+   * Graceful stop: leaves the queue group at once (so new requests go to the
+   * other instances; those already delivered here are still served), lets
+   * calls in flight finish for up to `timeoutMs`, then cancels the rest, each
+   * answered with a 503 `unavailable` error (and `Sluice-Done` on a stream).
+   * Idempotent; resolves once every call got its last message.
+   */
+  drain(timeoutMs: number): Promise<void>;
+  /** `drain(0)`: stops taking requests and cancels calls in flight, each answered. Idempotent. */
   stop(): Promise<void>;
 }
+
+/** Shortest heartbeat interval a requester may ask for, ms. */
+export const MIN_HEARTBEAT_MS = 100;
+/** Longest a cancelled call may take to send its last message during a stop, ms. */
+const CANCEL_GRACE_MS = 2000;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -264,6 +278,22 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
 
   const stopping = new AbortController();
   let inFlight = 0;
+  const idleWaiters: (() => void)[] = [];
+  // Reconnects seen, so a probe's "no responders" during one is not taken for a requester gone.
+  let reconnects = 0;
+  let disconnected = false;
+  const connectedNow = () => !disconnected && !nc.isClosed();
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === Events.Disconnect) {
+        disconnected = true;
+        reconnects++;
+      } else if (status.type === Events.Reconnect) {
+        disconnected = false;
+        reconnects++;
+      }
+    }
+  })().catch(() => {});
   const refusalCounts: Record<string, number> = {};
   let eventsOn = options.publishEvents ?? true;
 
@@ -306,6 +336,8 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     let timer: ReturnType<typeof setTimeout> | undefined;
     let decidedHere = true;
     let streamMode = isTrue(headerOf(msg, HEADERS.stream));
+    // Heartbeats while the call runs (queued, waiting for a window, or streaming): silence means a dead frontend.
+    const heartbeat = startHeartbeat(reply, requestId, headerOf(msg, HEADERS.heartbeatMs));
     try {
       if (stopping.signal.aborted) {
         throw new Refusal("unavailable", "this sluice instance is shutting down", {
@@ -326,6 +358,8 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         if (!local || local.state === "closed") {
           const route = await router.route(sessionId, { claim: true });
           if (route.owner === "other") {
+            // The owner answers (and beats) from here on.
+            heartbeat.stop();
             handOver(msg, route.frontendId, "chat");
             return;
           }
@@ -402,12 +436,36 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         signal.removeEventListener("abort", onAbort);
       }
     } catch (err) {
+      heartbeat.stop();
       respondRefusal(msg, err, requestId, decidedHere);
       if (streamMode) sendDone(reply, requestId);
     } finally {
+      heartbeat.stop();
       clearTimeout(timer);
       inFlight--;
+      if (inFlight === 0) for (const wake of idleWaiters.splice(0)) wake();
     }
+  };
+
+  /** Beats on the reply subject every `Sluice-Heartbeat-Ms` (when asked) until stopped. */
+  const startHeartbeat = (reply: string, requestId: string, asked: string | undefined) => {
+    const ms = asked === undefined ? Number.NaN : Number(asked.trim());
+    if (!(Number.isFinite(ms) && ms > 0)) return { stop() {} };
+    const hdrs = createHeaders();
+    hdrs.set(HEADERS.heartbeat, "true");
+    hdrs.set(HEADERS.requestId, requestId);
+    const beat = setInterval(
+      () => {
+        try {
+          if (!nc.isClosed()) nc.publish(reply, Empty, { headers: hdrs });
+        } catch {
+          // Connection closed: the requester's own liveness check ends its wait.
+        }
+      },
+      Math.max(MIN_HEARTBEAT_MS, ms),
+    );
+    beat.unref?.();
+    return { stop: () => clearInterval(beat) };
   };
 
   const sendDone = (reply: string, requestId: string) => {
@@ -441,6 +499,10 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     let sawRaw = false;
     let lastProbe = Number.NEGATIVE_INFINITY;
     let headersSent = false;
+    // A "no responders" right after a reconnect can mean the requester's subscription is not back yet:
+    // only two in a row, on a connection up the whole time, say its inbox is really gone.
+    let missedProbes = 0;
+    let reconnectsAtProbe = reconnects;
     const send = (payload: unknown) => {
       const data = encoder.encode(JSON.stringify(payload));
       const opts = headersSent ? {} : { headers: meta };
@@ -448,9 +510,17 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       const now = performance.now();
       if (now - lastProbe >= probeIntervalMs) {
         lastProbe = now;
+        const reconnectsBefore = reconnects;
         nc.request(reply, data, { timeout: Math.max(1000, probeIntervalMs * 5), ...opts }).catch(
           (err: NatsError) => {
-            if (err?.code === ErrorCode.NoResponders) gone.abort(new Error("the requester's inbox is gone"));
+            if (err?.code !== ErrorCode.NoResponders) return;
+            if (reconnects !== reconnectsBefore || reconnects !== reconnectsAtProbe || !connectedNow()) {
+              reconnectsAtProbe = reconnects;
+              missedProbes = 0;
+              return;
+            }
+            missedProbes++;
+            if (missedProbes >= 2) gone.abort(new Error("the requester's inbox is gone"));
           },
         );
       } else {
@@ -459,23 +529,30 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     };
     try {
       for await (const chunk of call) {
-        if (gone.signal.aborted) return;
+        if (gone.signal.aborted) break;
         if (chunk.raw) sawRaw = true;
         for (const object of chunkObjects(chunk, ctx, first)) {
           send(object);
           first = false;
         }
       }
-      if (gone.signal.aborted) return;
+      if (gone.signal.aborted) throw gone.signal.reason;
       const result: EngineResult = await call.result;
       if (!sawRaw) {
         send(finishChunk(ctx, result.finishReason));
         if (includeUsage) send(usageChunk(ctx, result));
       }
     } catch (err) {
-      if (gone.signal.aborted) return;
-      // Chunks went out already: the failure travels inside the stream, then the done marker.
-      const refusal = toRefusal(err).with({ lane: call.lane });
+      // Chunks went out already: the failure travels inside the stream, then the done marker. Even when
+      // the requester seems gone it may not be (a reconnect): an error it never reads costs nothing.
+      const refusal = (
+        gone.signal.aborted || stopping.signal.aborted
+          ? new Refusal("unavailable", cancelReason(gone.signal, stopping.signal), {
+              retryAfterSeconds: 1,
+              scope: "fleet",
+            })
+          : toRefusal(err)
+      ).with({ lane: call.lane });
       noteRefusal(refusal, true);
       const { hdrs, body, status } = refusalHeaders(refusal, requestId);
       hdrs.set(HEADERS.serviceErrorCode, String(status));
@@ -636,18 +713,54 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     });
   }
 
+  let draining: Promise<void> | undefined;
+  /** Resolves when no call is in flight, or when `ms` passed. */
+  const idle = (ms: number) =>
+    new Promise<void>((resolve) => {
+      if (inFlight === 0) return resolve();
+      const timer = setTimeout(resolve, ms);
+      timer.unref?.();
+      idleWaiters.push(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  const drain = (timeoutMs: number): Promise<void> => {
+    draining ??= (async () => {
+      // Leaving the queue group first: requests not yet delivered go to the other instances, while the
+      // subscriptions' drain still hands over every request already delivered here.
+      const left = service.isStopped ? Promise.resolve() : service.stop().catch(() => null);
+      await Promise.all([left, idle(Math.max(0, timeoutMs))]);
+      if (inFlight > 0) {
+        stopping.abort(
+          new Refusal("unavailable", "this sluice instance is shutting down", {
+            retryAfterSeconds: 1,
+            scope: "fleet",
+          }),
+        );
+        await idle(CANCEL_GRACE_MS);
+      } else {
+        stopping.abort();
+      }
+      eventsOn = false;
+      if (!nc.isClosed()) await nc.flush().catch(() => undefined);
+    })();
+    return draining;
+  };
+
   return {
     service,
     get inFlight() {
       return inFlight;
     },
-    async stop() {
-      if (stopping.signal.aborted) return;
-      stopping.abort(
-        new Refusal("unavailable", "this sluice instance is shutting down", { retryAfterSeconds: 1 }),
-      );
-      eventsOn = false;
-      if (!service.isStopped) await service.stop().catch(() => null);
-    },
+    drain,
+    stop: () => drain(0),
   };
+}
+
+/** Why a stream was cut short, for the error event that ends it. */
+function cancelReason(gone: AbortSignal, stopping: AbortSignal): string {
+  if (stopping.aborted) return "this sluice instance shut down before the call finished; retry it";
+  const reason = gone.reason as Error | undefined;
+  return reason?.message ?? "the call was cancelled";
 }
