@@ -29,7 +29,7 @@ import { choosePlacement, type Placement as PlacementDecision } from "./routing/
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { AimdWindow } from "./sessions/aimd-window.js";
-import { SessionAdmission, type SessionRecord } from "./sessions/session-admission.js";
+import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
@@ -243,6 +243,23 @@ export class Scheduler {
 
   closeSession(id: string): boolean {
     return this.admission.close(id);
+  }
+
+  /**
+   * Scale-out: hands a session to another frontend. Closes it here when no
+   * step of it runs or waits and returns its history; "busy" while one does;
+   * undefined when it is not open here.
+   */
+  releaseSession(id: string): SessionHandover | "busy" | undefined {
+    return this.admission.release(id);
+  }
+
+  /** Scale-out: opens a session handed over by another frontend, pinned to the replica holding its cache. */
+  adoptSession(id: string, from: SessionHandover): SessionView {
+    validateSessionId(id);
+    const session = this.admission.adopt(id, from);
+    if (from.replica !== null && this.byId.has(from.replica)) this.pinHints.set(id, from.replica);
+    return this.admission.view(session);
   }
 
   /** Counts that are zero once every call ended and every session closed. */

@@ -162,7 +162,14 @@ async function loadNats(): Promise<StartNatsService> {
 
 /** What the scheduler takes from NATS when it is built: the shared window authority and session directory. */
 interface NatsScaleOut {
-  frontend: { close(): Promise<void> };
+  frontend: {
+    close(): Promise<void>;
+    /** One holder per session fleet-wide, whichever frontend an HTTP request reaches. */
+    wrapFetch?<F extends (request: Request) => Response | Promise<Response>>(
+      fetch: F,
+      scheduler: Scheduler,
+    ): F;
+  };
   schedulerPorts: Pick<SchedulerOptions, "windowAuthority" | "sessionDirectory">;
 }
 
@@ -243,7 +250,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   });
   scheduler.start();
 
-  const server = serveHono({ fetch: app.fetch, port, hostname: host });
+  const fetch = natsScaleOut?.frontend.wrapFetch?.(app.fetch, scheduler) ?? app.fetch;
+  const server = serveHono({ fetch, port, hostname: host });
   answerClientErrors(server);
   try {
     await new Promise<void>((resolve, reject) => {

@@ -11,6 +11,7 @@
 import { hostname } from "node:os";
 import { type ConnectionOptions, connect, Events, type KV, type NatsConnection } from "nats";
 import type { Clock } from "../../src/clock.js";
+import { type FleetSessionScheduler, fleetSessionsFetch } from "./http-sessions.js";
 import type { NatsService, NatsServiceOptions, NatsServiceScheduler } from "./service.js";
 import { startNatsService } from "./service.js";
 import { KvSessionDirectory, SESSIONS_BUCKET } from "./session-directory.js";
@@ -74,6 +75,15 @@ export interface NatsFrontend {
     scheduler: NatsServiceScheduler & WindowScheduler,
     service?: NatsFrontendOptions["service"],
   ): Promise<NatsService>;
+  /**
+   * Wraps the HTTP app's `fetch` so a session has one holder fleet-wide
+   * whichever frontend a request reaches (`http-sessions.ts`); unchanged
+   * without a session directory.
+   */
+  wrapFetch<F extends (request: Request, ...rest: never[]) => Response | Promise<Response>>(
+    fetch: F,
+    scheduler: FleetSessionScheduler,
+  ): F;
   /**
    * Graceful stop of the NATS calls: leaves the queue group now (new calls go
    * to the other frontends), lets running calls finish for up to `timeoutMs`,
@@ -197,6 +207,10 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
         ...serviceOptions,
       });
       return service;
+    },
+    wrapFetch(fetch, scheduler) {
+      if (!sessionDirectory) return fetch;
+      return fleetSessionsFetch(fetch, { scheduler, directory: sessionDirectory, nc });
     },
     async drain(timeoutMs) {
       await service?.drain(timeoutMs);

@@ -21,6 +21,11 @@ export {
   type NatsFrontendOptions,
 } from "./frontend.js";
 export {
+  type FleetSessionScheduler,
+  type FleetSessionsOptions,
+  fleetSessionsFetch,
+} from "./http-sessions.js";
+export {
   freePort,
   type NatsServerOptions,
   type NatsServerProcess,
@@ -35,10 +40,12 @@ export type {
   SessionRouter,
 } from "./service.js";
 export {
+  type Handover,
   KvSessionDirectory,
   type KvSessionDirectoryOptions,
   SESSIONS_BUCKET,
   type SessionRecordValue,
+  type TakeoverAnswer,
 } from "./session-directory.js";
 export {
   type ClaimRecord,

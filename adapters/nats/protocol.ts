@@ -49,7 +49,13 @@ export const HEADERS = {
 export const SESSION_EVENTS_PREFIX = `${SUBJECT_PREFIX}.events.session`;
 
 /** What one frontend answers on its own subjects (requests handed over by other frontends, and a liveness ping). */
-export type FrontendRequestKind = "chat" | "sessions.open" | "sessions.close" | "sessions.get" | "ping";
+export type FrontendRequestKind =
+  | "chat"
+  | "sessions.open"
+  | "sessions.close"
+  | "sessions.get"
+  | "sessions.release"
+  | "ping";
 
 /** Subject prefix only one frontend listens on: `sluice.v1.frontends.<id>`. */
 export function frontendSubjectBase(frontendId: string): string {

@@ -45,6 +45,7 @@ import {
   SUBJECTS,
   sessionEventSubject,
 } from "./protocol.js";
+import type { Handover } from "./session-directory.js";
 
 /** What the NATS service needs from the scheduler (`src/scheduler.ts` provides it). */
 export interface NatsServiceScheduler {
@@ -54,6 +55,8 @@ export interface NatsServiceScheduler {
   closeSession(id: string): boolean;
   models(): string[];
   addEvents(events: SchedulerEvents): void;
+  /** Scale-out hand-over of a session to another frontend (see `Scheduler.releaseSession`). */
+  releaseSession?(id: string): Handover | "busy" | undefined;
 }
 
 /** Where a session's requests are served when several frontends share the queue group. */
@@ -66,6 +69,10 @@ export interface SessionRouter {
    * `claim`, a session no live frontend holds is claimed for this one.
    */
   route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute>;
+  /** Before a session is handed over: no write for it from here may land after the new holder's claim. */
+  prepareRelease?(id: string): Promise<void>;
+  /** The hand-over did not happen after all. */
+  cancelRelease?(id: string, view: SessionView): void;
 }
 
 /** Options of {@link startNatsService}. */
@@ -95,6 +102,11 @@ export interface NatsServiceOptions {
   frontendId?: string;
   /** Keeps sessions on the frontend that holds them. Needs `frontendId`. */
   router?: SessionRouter;
+  /**
+   * How long a hand-over request waits for a step of the session running
+   * here to end before answering "busy", ms. Default 10000.
+   */
+  releaseWaitMs?: number;
   /** Publishes session state changes on `sluice.v1.events.session.<id>`. Default true. */
   publishEvents?: boolean;
   /** Refusals decided here rather than in the scheduler (bad JSON, schema), for the metrics. */
@@ -273,6 +285,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   const callTimeoutMs = positiveOption("callTimeoutMs", options.callTimeoutMs ?? 600_000);
   const probeIntervalMs = positiveOption("probeIntervalMs", options.probeIntervalMs ?? 200);
   const frontendId = options.frontendId;
+  const releaseWaitMs = positiveOption("releaseWaitMs", options.releaseWaitMs ?? 10_000);
   if (router && frontendId === undefined)
     throw new TypeError("a session router needs a frontendId, got none");
 
@@ -609,6 +622,47 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     }
   };
 
+  /**
+   * Another frontend received a step of a session held here (an HTTP step
+   * behind a load balancer): hand it over once no step of it runs here.
+   * Answers `{ status: "released", handover }`, `"busy"` or `"not-held"`.
+   */
+  const handleRelease = async (msg: ServiceMsg) => {
+    const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
+    try {
+      const id = sessionIdBody(msg.data, bodyLimit);
+      const deadline = performance.now() + releaseWaitMs;
+      for (;;) {
+        const view = scheduler.getSession(id);
+        if (!scheduler.releaseSession || !view || view.state === "closed") {
+          respondJson(msg, { status: "not-held" }, requestId);
+          return;
+        }
+        if (view.phase !== "active" && view.state !== "waiting") {
+          await router?.prepareRelease?.(id);
+          const released = scheduler.releaseSession(id);
+          if (released === undefined) {
+            respondJson(msg, { status: "not-held" }, requestId);
+            return;
+          }
+          if (released !== "busy") {
+            respondJson(msg, { status: "released", handover: released }, requestId);
+            return;
+          }
+          const now = scheduler.getSession(id);
+          if (now) router?.cancelRelease?.(id, now);
+        }
+        if (performance.now() >= deadline || stopping.signal.aborted) {
+          respondJson(msg, { status: "busy" }, requestId);
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+    } catch (err) {
+      respondRefusal(msg, err, requestId, true);
+    }
+  };
+
   const closeLocal = (id: string) => {
     if (!scheduler.closeSession(id)) throw unknownSession(id);
     return { id, state: "closed" };
@@ -683,6 +737,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         else if (kind === "sessions.open") void handleOpen(msg, true);
         else if (kind === "sessions.close") void sessionRequest(msg, "sessions.close", true, closeLocal);
         else if (kind === "sessions.get") void sessionRequest(msg, "sessions.get", true, getLocal);
+        else if (kind === "sessions.release") void handleRelease(msg);
         else if (kind === "ping") msg.respond(Empty);
         else
           respondRefusal(

@@ -24,9 +24,28 @@ export interface SessionRecordValue {
   replica: string | null;
   /** Frontend holding the session. */
   frontend: string;
+  /** Steps and context tokens as of the write (the holder's view is exact; this one may lag a step). */
+  steps?: number;
+  tokens?: number;
   /** Wall-clock time of the write, ms since the epoch (for operators; never compared across machines). */
   at: number;
 }
+
+/** What a frontend handing a session over tells the next holder. */
+export interface Handover {
+  replica: string | null;
+  steps: number;
+  tokens: number;
+  lane?: "interactive" | "bulk";
+  metadata?: Record<string, unknown>;
+}
+
+/** A holder's answer to a hand-over request. */
+export type TakeoverAnswer =
+  | { kind: "released"; handover: Handover }
+  | { kind: "busy" }
+  | { kind: "not-held" }
+  | { kind: "gone" };
 
 /** Options of {@link KvSessionDirectory}. */
 export interface KvSessionDirectoryOptions {
@@ -81,6 +100,8 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   private readonly onError: (err: unknown) => void;
   private readonly pending = new Map<string, SessionRecordValue>();
   private readonly aliveUntil = new Map<string, number>();
+  /** Sessions handed to another frontend: their local close is not written. */
+  private readonly released = new Set<string>();
   private flushing: Promise<void> | undefined;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private closed = false;
@@ -105,14 +126,106 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   }
 
   /** Writes the scheduler's session events into the directory. */
-  bind(scheduler: { addEvents(events: SchedulerEvents): void }): void {
+  bind(scheduler: {
+    addEvents(events: SchedulerEvents): void;
+    getSession?(id: string): { steps: number; tokens: number } | undefined;
+  }): void {
     scheduler.addEvents({
       session: (e) => {
+        // A session handed to another frontend is closed here, but the directory now speaks for its new holder.
+        if (this.released.has(e.id)) return;
         const state: SessionState =
           e.event === "closed" ? "closed" : e.event === "paused" ? "paused" : "active";
-        this.record(e.id, state, e.replica);
+        const view = scheduler.getSession?.(e.id);
+        this.record(e.id, state, e.replica, view);
       },
     });
+  }
+
+  /**
+   * Before closing a session handed to another frontend: no write of this
+   * frontend for it may land after the new holder's claim. Drops what is
+   * queued for it, waits for a write in progress, and ignores its events
+   * until this frontend claims it again.
+   */
+  async prepareRelease(id: string): Promise<void> {
+    this.released.add(id);
+    this.pending.delete(id);
+    await this.flushing;
+  }
+
+  /** The hand-over did not happen (a step started meanwhile): this frontend writes the session again. */
+  cancelRelease(
+    id: string,
+    view: { state: SessionState; replica: string | null; steps: number; tokens: number },
+  ): void {
+    if (!this.released.delete(id)) return;
+    this.record(id, view.state, view.replica, view);
+  }
+
+  /**
+   * Makes this frontend the session's holder (an HTTP step arrived here).
+   * A live holder elsewhere is asked to hand it over first (`release`): it
+   * answers once no step of the session runs there, with its history; a
+   * holder that does not answer is gone. The claim is a compare-and-set, so
+   * two frontends taking the same session at once cannot both win. Returns
+   * the history to adopt; "busy" when a step of it still runs at its holder
+   * after the holder's wait; or undefined (a new session, or KV unreachable:
+   * best effort, the step runs here).
+   */
+  async takeOver(
+    id: string,
+    release: (owner: string, id: string) => Promise<TakeoverAnswer>,
+  ): Promise<Handover | "busy" | undefined> {
+    if (!this.isConnected()) return undefined;
+    const key = kvKey(id);
+    for (let attempt = 0; attempt < 4; attempt++) {
+      let entry: KvEntry | null | undefined;
+      try {
+        entry = await withTimeout(this.kv.get(key), this.lookupTimeoutMs);
+      } catch (err) {
+        this.onError(err);
+        return undefined;
+      }
+      if (entry === undefined) return undefined;
+      const value = decode(entry);
+      const open = value !== undefined && value.state !== "closed";
+      let handover: Handover | undefined;
+      if (open && value.frontend !== this.frontendId) {
+        const answer = await release(value.frontend, id);
+        // Its holder waited for the step running there and it still runs: never a second copy.
+        if (answer.kind === "busy") return "busy";
+        handover =
+          answer.kind === "released"
+            ? answer.handover
+            : // Not held there after all, or its holder is gone: its record still knows the replica.
+              { replica: value.replica, steps: value.steps ?? 0, tokens: value.tokens ?? 0 };
+      } else if (open) {
+        handover = undefined;
+      }
+      const mine: SessionRecordValue = {
+        id,
+        state: open ? value.state : "waiting",
+        replica: handover?.replica ?? (open ? value.replica : null),
+        frontend: this.frontendId,
+        at: Date.now(),
+        ...(handover ? { steps: handover.steps, tokens: handover.tokens } : {}),
+      };
+      try {
+        const data = encoder.encode(JSON.stringify(mine));
+        if (entry === null || entry.operation !== "PUT") await this.kv.create(key, data);
+        else await this.kv.update(key, data, entry.revision);
+        this.released.delete(id);
+        return handover;
+      } catch (err) {
+        if (!isRevisionConflict(err)) {
+          this.onError(err);
+          this.released.delete(id);
+          return handover;
+        }
+      }
+    }
+    return undefined;
   }
 
   /** The replica another frontend pinned a session to (`SessionDirectory`). */
@@ -164,6 +277,7 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
         const data = encoder.encode(JSON.stringify(mine));
         if (entry === null || entry.operation !== "PUT") await this.kv.create(key, data);
         else await this.kv.update(key, data, entry.revision);
+        this.released.delete(sessionId);
         return { owner: "self" };
       } catch (err) {
         if (!isRevisionConflict(err)) {
@@ -176,9 +290,21 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   }
 
   /** Queues a write of a session's state (latest per session wins). */
-  record(id: string, state: SessionState, replica: string | null): void {
+  record(
+    id: string,
+    state: SessionState,
+    replica: string | null,
+    progress?: { steps: number; tokens: number },
+  ): void {
     if (this.closed) return;
-    this.pending.set(id, { id, state, replica, frontend: this.frontendId, at: Date.now() });
+    this.pending.set(id, {
+      id,
+      state,
+      replica,
+      frontend: this.frontendId,
+      at: Date.now(),
+      ...(progress ? { steps: progress.steps, tokens: progress.tokens } : {}),
+    });
     this.kick();
   }
 

@@ -39,8 +39,10 @@ export interface SessionRecord {
   pausedAt: number;
   /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
   movedFrom: string | null;
-  /** Its replica went unhealthy: it waits for room elsewhere ahead of every session never admitted. */
+  /** Its replica went unhealthy, or it came from another frontend: it waits ahead of every session never admitted. */
   evacuated: boolean;
+  /** Handed over by another frontend: the replica holding its cache, the only one it waits for while that one accepts. */
+  home: string | null;
   /** Steps waiting for this session to become active. */
   readonly waiters: StepWaiter[];
   /** Free for the scheduler: per-session routing state (incremental hashes). */
@@ -65,6 +67,15 @@ export interface SessionRecord {
   /** What it counts for in `heldOn`'s window now (0 when not counted). */
   held: number;
   heldOn: ReplicaSlots | null;
+}
+
+/** What a frontend handing a session over tells the next holder (scale-out). */
+export interface SessionHandover {
+  replica: string | null;
+  steps: number;
+  tokens: number;
+  lane?: Lane;
+  metadata?: Record<string, unknown>;
 }
 
 /** What a step asks for when it arrives: sizes for its footprint, and the client's hint for the gap after it. */
@@ -248,6 +259,7 @@ export class SessionAdmission {
       pausedAt: 0,
       movedFrom: null,
       evacuated: false,
+      home: null,
       waiters: [],
       routing: undefined,
       demandTokens: 0,
@@ -405,11 +417,52 @@ export class SessionAdmission {
     session.movedFrom = session.replica;
     session.state = "waiting";
     session.evacuated = true;
+    session.home = null;
     session.pauseRequested = false;
     session.pausedAt = this.clock.now();
     this.account(session);
     this.options.onEvent?.(session.id, "paused", session.replica);
     this.fill();
+  }
+
+  /**
+   * Hands a session to another frontend (scale-out): closes it here when no
+   * step of it runs or waits, and returns what its next holder needs; "busy"
+   * while a step runs or waits; undefined when it is not open here.
+   */
+  release(id: string): SessionHandover | "busy" | undefined {
+    const session = this.sessions.get(id);
+    if (!session || session.state === "closed") return undefined;
+    if (session.running > 0 || session.waiters.length > 0) return "busy";
+    const handover: SessionHandover = {
+      replica: session.replica,
+      steps: session.steps,
+      tokens: session.tokens,
+      ...(session.lane ? { lane: session.lane } : {}),
+      ...(session.metadata ? { metadata: session.metadata } : {}),
+    };
+    this.shut(session, "handed over to another frontend");
+    return handover;
+  }
+
+  /**
+   * Opens a session another frontend handed over: its history carries on,
+   * and its next step waits for room on the replica holding its cache, ahead
+   * of every session never admitted (as a returning session does).
+   */
+  adopt(id: string, from: SessionHandover): SessionRecord {
+    const existing = this.sessions.get(id);
+    if (existing && existing.state !== "closed") return existing;
+    const session = this.open(id, {
+      ...(from.lane ? { lane: from.lane } : {}),
+      ...(from.metadata ? { metadata: from.metadata } : {}),
+    });
+    session.steps = from.steps;
+    session.tokens = from.tokens;
+    session.expectedGrowthTokens = this.expectedGrowth(session);
+    session.evacuated = true;
+    session.home = from.replica !== null && this.replicas.has(from.replica) ? from.replica : null;
+    return session;
   }
 
   /** Closes a session: frees its place at once and wakes the next. Returns false for an unknown id. */
@@ -619,6 +672,9 @@ export class SessionAdmission {
   private candidates(session: SessionRecord): string[] {
     const ids: string[] = [];
     const starving = session.evacuated || this.starving(session);
+    // A handed-over session waits for the replica holding its cache while that replica takes sessions.
+    const home = session.home !== null ? this.replicas.get(session.home) : undefined;
+    if (home?.accepting && !this.starving(session)) return this.fits(home, session) ? [home.id] : [];
     for (const [id, slots] of this.replicas) {
       if ((starving || !this.returningWait(slots)) && this.fits(slots, session)) ids.push(id);
     }
@@ -685,6 +741,7 @@ export class SessionAdmission {
     if (from && session.state === "dormant") removeFrom(from.dormant, session);
     if (event === "admitted") session.admittedSeq = ++this.admittedSeq;
     session.evacuated = false;
+    session.home = null;
     session.state = "active";
     session.replica = replica;
     session.pauseRequested = false;

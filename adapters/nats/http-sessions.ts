@@ -1,0 +1,209 @@
+/**
+ * @module One session, one holder, whichever frontend an HTTP request
+ * reaches. Wraps the HTTP app's `fetch` of a frontend in a fleet: a step of a
+ * session another frontend holds takes the session over (the holder hands it
+ * over once its running step ends: history, replica and window place move
+ * together, never a second copy); `GET` and `DELETE /v1/sessions/:id` for a
+ * session held elsewhere are answered by its holder over NATS. The session
+ * directory (JetStream KV `sluice-sessions`) says who holds what.
+ */
+
+import type { NatsConnection, NatsError } from "nats";
+import { Refusal, renderRefusal } from "../../src/errors.js";
+import { frontendSubject, HEADERS } from "./protocol.js";
+import type { Handover, KvSessionDirectory, TakeoverAnswer } from "./session-directory.js";
+
+/** Session key headers, first present wins (SPEC 7; the HTTP app reads the same list). */
+const SESSION_HEADERS = [
+  "x-session-id",
+  "x-claude-code-session-id",
+  "x-session-affinity",
+  "session-id",
+  "session_id",
+  "x-dynamo-session-id",
+] as const;
+
+const SESSION_PATH = /^\/v1\/sessions\/([^/]+)$/;
+const SESSION_STEP_PATH = /^\/v1\/sessions\/([^/]+)\/chat\/completions$/;
+const STEP_PATHS = new Set(["/v1/chat/completions", "/v1/completions"]);
+
+/** What the wrapper needs from the scheduler. */
+export interface FleetSessionScheduler {
+  getSession(id: string): { state: string } | undefined;
+  adoptSession(id: string, from: Handover): unknown;
+}
+
+/** Options of {@link fleetSessionsFetch}. */
+export interface FleetSessionsOptions {
+  scheduler: FleetSessionScheduler;
+  directory: KvSessionDirectory;
+  nc: NatsConnection;
+  /** Longest a hand-over request waits for the holder (which waits for a running step first), ms. Default 12000. */
+  releaseTimeoutMs?: number;
+  /** Longest a `GET`/`DELETE` forwarded to the holder waits, ms. Default 2000. */
+  forwardTimeoutMs?: number;
+}
+
+type Fetch = (request: Request, ...rest: never[]) => Response | Promise<Response>;
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+function decodeSegment(segment: string): string | undefined {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The session a step belongs to, or undefined (not a step, or a one-off call). */
+function stepSessionOf(request: Request, path: string): string | undefined {
+  if (request.method !== "POST") return undefined;
+  const inPath = SESSION_STEP_PATH.exec(path);
+  if (inPath) return decodeSegment(inPath[1]!);
+  if (!STEP_PATHS.has(path)) return undefined;
+  for (const name of SESSION_HEADERS) {
+    const value = request.headers.get(name)?.trim();
+    if (value) return value.length <= 256 && /^[\x21-\x7e]+$/.test(value) ? value : undefined;
+  }
+  return undefined;
+}
+
+function refusalResponse(refusal: Refusal, requestId: string): Response {
+  const rendered = renderRefusal(refusal, requestId);
+  return new Response(JSON.stringify(rendered.body), {
+    status: rendered.status,
+    headers: { "content-type": "application/json", ...rendered.headers },
+  });
+}
+
+/**
+ * Wraps a frontend's HTTP `fetch` so sessions behave as one fleet-wide:
+ * behind a plain (non-sticky) load balancer, any frontend serves any step.
+ */
+export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSessionsOptions): F {
+  const { scheduler, directory, nc } = options;
+  const releaseTimeoutMs = options.releaseTimeoutMs ?? 12_000;
+  const forwardTimeoutMs = options.forwardTimeoutMs ?? 2000;
+  // One take-over per session at a time: concurrent steps of it wait for the first.
+  const takingOver = new Map<string, Promise<Handover | "busy" | undefined>>();
+
+  const release = async (owner: string, id: string): Promise<TakeoverAnswer> => {
+    try {
+      const reply = await nc.request(
+        frontendSubject(owner, "sessions.release"),
+        encoder.encode(JSON.stringify({ id })),
+        { timeout: releaseTimeoutMs },
+      );
+      if (reply.headers?.get(HEADERS.serviceErrorCode)) return { kind: "not-held" };
+      const body = JSON.parse(decoder.decode(reply.data)) as {
+        status?: string;
+        handover?: Handover;
+      };
+      if (body.status === "released" && body.handover) return { kind: "released", handover: body.handover };
+      if (body.status === "busy") return { kind: "busy" };
+      return { kind: "not-held" };
+    } catch (err) {
+      // No responders: the holder is gone (its subscription died with it). A timeout says the same; so
+      // does a connection lost meanwhile, as far as this step can tell.
+      void (err as NatsError);
+      return { kind: "gone" };
+    }
+  };
+
+  const takeOver = (id: string) => {
+    let running = takingOver.get(id);
+    if (!running) {
+      running = directory.takeOver(id, release).finally(() => takingOver.delete(id));
+      takingOver.set(id, running);
+    }
+    return running;
+  };
+
+  /** `GET`/`DELETE` a session held by another frontend: its holder answers; a holder gone leaves the record. */
+  const forward = async (method: "GET" | "DELETE", id: string): Promise<Response | undefined> => {
+    const record = await directory.read(id);
+    if (!record || record.frontend === directory.frontendId) return undefined;
+    const kind = method === "GET" ? "sessions.get" : "sessions.close";
+    try {
+      const reply = await nc.request(
+        frontendSubject(record.frontend, kind),
+        encoder.encode(JSON.stringify({ id })),
+        {
+          timeout: forwardTimeoutMs,
+        },
+      );
+      const status = reply.headers?.get(HEADERS.serviceErrorCode);
+      if (status) {
+        const headers: Record<string, string> = { "content-type": "application/json" };
+        const retryAfter = reply.headers?.get(HEADERS.retryAfter);
+        if (retryAfter) headers["retry-after"] = retryAfter;
+        return new Response(decoder.decode(reply.data), { status: Number(status), headers });
+      }
+      if (method === "DELETE") return new Response(null, { status: 204 });
+      return new Response(decoder.decode(reply.data), {
+        status: 200,
+        headers: { "content-type": "application/json" },
+      });
+    } catch {
+      // The holder is gone: the record is all that is left of the session.
+      if (record.state === "closed" && method === "DELETE") return undefined;
+      if (method === "DELETE") {
+        directory.record(id, "closed", record.replica, {
+          steps: record.steps ?? 0,
+          tokens: record.tokens ?? 0,
+        });
+        await directory.flush();
+        return new Response(null, { status: 204 });
+      }
+      return Response.json({
+        id,
+        state: record.state,
+        replica: record.replica,
+        steps: record.steps ?? 0,
+        tokens: record.tokens ?? 0,
+      });
+    }
+  };
+
+  const wrapped = async (request: Request, ...rest: never[]): Promise<Response> => {
+    const path = new URL(request.url).pathname;
+    const requestId = request.headers.get("x-request-id") ?? "";
+    const stepSession = stepSessionOf(request, path);
+    if (stepSession !== undefined) {
+      const local = scheduler.getSession(stepSession);
+      if (!local || local.state === "closed") {
+        const moved = await takeOver(stepSession);
+        if (moved === "busy") {
+          return refusalResponse(
+            new Refusal("unavailable", "a step of this session is still running on another sluice frontend", {
+              retryAfterSeconds: 1,
+              scope: "fleet",
+            }),
+            requestId,
+          );
+        }
+        const again = scheduler.getSession(stepSession);
+        if (moved && (!again || again.state === "closed")) scheduler.adoptSession(stepSession, moved);
+      }
+      return fetch(request, ...rest);
+    }
+    const sessionPath = SESSION_PATH.exec(path);
+    if (sessionPath && (request.method === "GET" || request.method === "DELETE")) {
+      const id = decodeSegment(sessionPath[1]!);
+      const response = await fetch(request, ...rest);
+      if (id === undefined) return response;
+      // Only what this frontend does not hold goes further (authentication and validation passed here):
+      // an unknown session, or one closed here because it was handed to another frontend.
+      const closedHere = response.status === 200 && scheduler.getSession(id)?.state === "closed";
+      if (response.status !== 404 && !closedHere) return response;
+      const text = await response.text();
+      if (response.status === 404 && !text.includes("session_not_found")) return new Response(text, response);
+      const answered = await forward(request.method, id);
+      return answered ?? new Response(text, response);
+    }
+    return fetch(request, ...rest);
+  };
+  return wrapped as unknown as F;
+}

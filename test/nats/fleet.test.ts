@@ -1,0 +1,296 @@
+/**
+ * @module Three `sluice serve` frontends sharing two simulated replicas over
+ * one nats-server with JetStream, all real processes, tested as an operator
+ * would: agents behind a round-robin balancer (every step on another
+ * frontend), then a NATS restart, a SIGTERM and a SIGKILL with NATS calls in
+ * flight. Client-side accounting: every call accepted ends completed or
+ * with an error; none is left without an answer.
+ */
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { connect, type NatsConnection } from "nats";
+import { NatsTransport } from "../../adapters/client/nats-transport.js";
+import { SluiceError } from "../../adapters/client/types.js";
+import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
+import type { AdminState } from "../../src/types.js";
+import {
+  freePort,
+  type SluiceChild,
+  spawnSluice,
+  startSimChild,
+  stopChild,
+  until,
+} from "../reliability/helpers.js";
+
+const WINDOW_PER_REPLICA = 2;
+const AGENTS = 9;
+const STEPS = 6;
+
+let nats: NatsServerProcess;
+const sims: SluiceChild[] = [];
+const frontends: { child: SluiceChild; url: string }[] = [];
+let clientNc: NatsConnection | undefined;
+
+async function startFrontend(simUrls: string[]): Promise<{ child: SluiceChild; url: string }> {
+  const child = spawnSluice([
+    "serve",
+    "--port",
+    "0",
+    "--host",
+    "127.0.0.1",
+    ...simUrls.flatMap((url, i) => ["--upstream", `sim-${i}=${url}`]),
+    "--nats",
+    nats.url,
+    "--policy",
+    "concur",
+    "--window-initial",
+    String(WINDOW_PER_REPLICA),
+    "--window-min",
+    String(WINDOW_PER_REPLICA),
+    "--window-max",
+    String(WINDOW_PER_REPLICA),
+    "--control-interval-ms",
+    "200",
+    "--drain-timeout-ms",
+    "20000",
+  ]);
+  const match = await child.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/, 60_000);
+  return { child, url: `http://127.0.0.1:${match[1]}` };
+}
+
+before(async () => {
+  nats = await startNatsServer();
+  const ports = [await freePort(), await freePort()];
+  sims.push(...(await Promise.all(ports.map((port) => startSimChild(port)))));
+  const simUrls = ports.map((port) => `http://127.0.0.1:${port}`);
+  frontends.push(...(await Promise.all([0, 1, 2].map(() => startFrontend(simUrls)))));
+  // Every frontend sees both replicas healthy before the agents start.
+  for (const f of frontends) {
+    await until(
+      async () => {
+        const state = (await (await fetch(`${f.url}/v1/admin/state`)).json()) as AdminState;
+        return state.replicas.filter((r) => r.healthy && !r.signals.stale).length === 2;
+      },
+      "both replicas healthy",
+      30_000,
+    );
+  }
+});
+
+after(async () => {
+  await clientNc?.close().catch(() => {});
+  await Promise.all(frontends.map((f) => stopChild(f.child)));
+  await Promise.all(sims.map((sim) => stopChild(sim)));
+  await nats?.close();
+});
+
+function live() {
+  return frontends.filter((f) => f.child.child.exitCode === null && f.child.child.signalCode === null);
+}
+
+async function adminState(url: string): Promise<AdminState | undefined> {
+  try {
+    return (await (await fetch(`${url}/v1/admin/state`)).json()) as AdminState;
+  } catch {
+    return undefined;
+  }
+}
+
+describe("three frontends behind round robin behave like one", () => {
+  test("no stall, no duplicate session, the same replica step after step, GET and DELETE from any frontend", async () => {
+    /** Open sessions across frontends, and Σ active per replica. */
+    const census = async () => {
+      const states = await Promise.all(frontends.map((f) => adminState(f.url)));
+      let open = 0;
+      for (const state of states) {
+        assert.ok(state, "every frontend answers");
+        open +=
+          state.sessions.active + state.sessions.waiting + state.sessions.paused + state.sessions.dormant;
+      }
+      return open;
+    };
+
+    // Each agent takes every step on the next frontend (a round-robin balancer), then reads its session
+    // from every frontend and closes it through another. 9 agents contend for 2 × 2 window places.
+    const agents = Array.from({ length: AGENTS }, async (_, i) => {
+      const session = `rr-agent-${i}`;
+      const messages: { role: string; content: string }[] = [];
+      const replicas: string[] = [];
+      for (let step = 0; step < STEPS; step++) {
+        const front = frontends[(i + step) % frontends.length]!;
+        messages.push({ role: "user", content: `agent ${i} step ${step}: ${"w ".repeat(20)}` });
+        const response = await fetch(`${front.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", "x-session-id": session },
+          body: JSON.stringify({ messages, max_tokens: 8 }),
+          signal: AbortSignal.timeout(60_000),
+        });
+        const text = await response.text();
+        assert.equal(response.status, 200, text);
+        replicas.push(response.headers.get("x-sluice-replica") ?? "");
+        const body = JSON.parse(text) as { choices: { message: { content: string } }[] };
+        messages.push({ role: "assistant", content: body.choices[0]?.message.content ?? "" });
+      }
+      // Any frontend answers for the session, with its holder's exact view.
+      const views = await Promise.all(
+        frontends.map(async (f) => {
+          const response = await fetch(`${f.url}/v1/sessions/${session}`);
+          const text = await response.text();
+          assert.equal(response.status, 200, text);
+          return JSON.parse(text) as { state: string; steps: number; replica: string };
+        }),
+      );
+      for (const view of views) {
+        assert.equal(view.steps, STEPS, JSON.stringify(views));
+        assert.equal(view.replica, replicas.at(-1));
+        assert.notEqual(view.state, "closed");
+      }
+      // Closed through whichever frontend the balancer picks: the holder closes it.
+      const closer = frontends[(i + STEPS + 1) % frontends.length]!;
+      const closed = await fetch(`${closer.url}/v1/sessions/${session}`, { method: "DELETE" });
+      assert.equal(closed.status, 204, await closed.text());
+      return { session, replicas };
+    });
+    const done = await Promise.all(agents);
+    let same = 0;
+    let moved = 0;
+    for (const { replicas } of done) {
+      for (let i = 1; i < replicas.length; i++) {
+        if (replicas[i] === replicas[i - 1]) same++;
+        else moved++;
+      }
+    }
+    assert.ok(same / (same + moved) >= 0.99, `${same} steps on the previous step's replica, ${moved} moved`);
+    // A second copy of a session anywhere would still be open (DELETE closes the holder's only).
+    for (const f of frontends) {
+      await until(async () => {
+        const state = await adminState(f.url);
+        return state?.replicas.every((r) => r.window.active === 0) === true;
+      }, "every window place given back");
+    }
+    assert.equal(await census(), 0, "no session left open on any frontend");
+    for (const { session } of done) {
+      for (const f of frontends) {
+        const response = await fetch(`${f.url}/v1/sessions/${session}`);
+        const text = await response.text();
+        assert.ok(response.status === 404 || JSON.parse(text).state === "closed", text);
+      }
+    }
+  });
+});
+
+/** Runs NATS calls (half streamed) and accounts for each: completed, an error, or unanswered. */
+function natsLoad(transport: NatsTransport, count: number, tag: string, maxTokens: number) {
+  const outcome = { completed: 0, errors: [] as string[], unanswered: count };
+  const calls = Array.from({ length: count }, async (_, i) => {
+    const call = {
+      body: {
+        messages: [{ role: "user", content: `${tag} ${i} ${"x ".repeat(10)}` }],
+        max_tokens: maxTokens,
+      },
+      requestId: `${tag}-${i}`,
+      timeoutMs: 120_000,
+    };
+    let chunks = 0;
+    try {
+      if (i % 2 === 0) {
+        for await (const _ of transport.chatStream(call)) chunks++;
+      } else {
+        await transport.chat(call);
+      }
+      outcome.completed++;
+    } catch (err) {
+      assert.ok(err instanceof SluiceError, String(err));
+      outcome.errors.push(`${err.status} ${err.code}`);
+    } finally {
+      outcome.unanswered--;
+    }
+    return chunks;
+  });
+  return { outcome, settled: Promise.all(calls) };
+}
+
+describe("NATS calls through faults", () => {
+  test("a NATS restart: every call in flight ends completed or with an error, and calls resume", async () => {
+    clientNc = await connect({ servers: nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const transport = new NatsTransport({ nc: clientNc, heartbeatMs: 250, deadAfterMs: 2000 });
+    const { outcome, settled } = natsLoad(transport, 8, "restart", 300);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    await nats.stop();
+    await Promise.race([
+      settled,
+      new Promise((_, reject) => setTimeout(() => reject(new Error("calls left unanswered")), 30_000)),
+    ]);
+    assert.equal(outcome.unanswered, 0);
+    for (const error of outcome.errors) assert.match(error, /^503 unavailable$/);
+    await nats.start();
+    await until(
+      async () => {
+        try {
+          await transport.chat({
+            body: { messages: [{ role: "user", content: "back" }], max_tokens: 2 },
+            requestId: "back",
+            timeoutMs: 5000,
+          });
+          return true;
+        } catch {
+          return false;
+        }
+      },
+      "NATS calls answered again",
+      40_000,
+    );
+    // Every frontend let go of the calls the outage cut.
+    for (const f of live()) {
+      await until(async () => {
+        const state = await adminState(f.url);
+        return state?.replicas.every((r) => r.gate.requests === 0) === true;
+      }, "permits released");
+    }
+  });
+
+  test("SIGTERM drains NATS calls like HTTP ones: calls in flight finish, new ones go elsewhere", async () => {
+    const transport = new NatsTransport({ nc: clientNc!, heartbeatMs: 250, deadAfterMs: 3000 });
+    const { outcome, settled } = natsLoad(transport, 10, "drain", 200);
+    const target = frontends[2]!;
+    // Signal once the target holds calls, however long a busy machine takes to get them there.
+    await until(async () => {
+      const state = await adminState(target.url);
+      return state?.replicas.some((r) => r.gate.requests > 0) === true;
+    }, "calls running on the frontend to stop");
+    target.child.child.kill("SIGTERM");
+    const late = natsLoad(transport, 4, "after-term", 4);
+    await Promise.all([settled, late.settled]);
+    assert.equal(outcome.unanswered + late.outcome.unanswered, 0);
+    assert.deepEqual(outcome.errors, [], "a draining frontend lets its NATS calls finish");
+    assert.deepEqual(late.outcome.errors, [], "new calls are served by the other frontends");
+    const exit = await target.child.exited;
+    assert.equal(exit.code, 0, target.child.output());
+    assert.match(target.child.output(), /stopped \(permits 0, reservations 0, window slots \d+, queued 0\)/);
+  });
+
+  test("SIGKILL: calls the dead frontend held end with 503 well before their timeout; the rest complete", async () => {
+    const transport = new NatsTransport({ nc: clientNc!, heartbeatMs: 250, deadAfterMs: 2000 });
+    const { outcome, settled } = natsLoad(transport, 10, "kill", 400);
+    const target = frontends[1]!;
+    await until(async () => {
+      const state = await adminState(target.url);
+      return state?.replicas.some((r) => r.gate.requests > 0) === true;
+    }, "calls running on the frontend to kill");
+    const killedAt = Date.now();
+    target.child.child.kill("SIGKILL");
+    await settled;
+    assert.equal(outcome.unanswered, 0);
+    assert.ok(outcome.errors.length > 0, "the killed frontend held calls");
+    for (const error of outcome.errors) assert.equal(error, "503 unavailable");
+    // Heartbeats, not the 120 s call timeout, ended the orphaned calls.
+    assert.ok(Date.now() - killedAt < 60_000);
+    // The survivor still serves.
+    await transport.chat({
+      body: { messages: [{ role: "user", content: "still here" }], max_tokens: 2 },
+      requestId: "alive",
+      timeoutMs: 10_000,
+    });
+  });
+});
