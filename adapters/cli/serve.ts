@@ -27,6 +27,8 @@ import { runServerCommand } from "./server-command.js";
 export interface NatsService {
   /** Stops taking NATS calls (the queue group routes them elsewhere) and lets running ones finish. */
   drain?(timeoutMs: number): Promise<void>;
+  /** Resolves once no new NATS call reaches this instance and those delivered reached the scheduler. */
+  leave?(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -300,6 +302,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       // NATS calls drain like HTTP ones, side by side.
       const natsDrained = nats?.drain?.(drainTimeoutMs);
       tracker.drain();
+      // NATS calls delivered before this instance left the queue group are served, not refused.
+      await nats?.leave?.();
       scheduler.drain();
       const serverClosed = new Promise<void>((resolve) => server.close(() => resolve()));
       // Idle keep-alive connections would hold `close` open; calls in flight keep theirs.

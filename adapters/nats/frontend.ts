@@ -90,6 +90,8 @@ export interface NatsFrontend {
    * then cancels the rest, each answered with an error. `close` after it.
    */
   drain(timeoutMs: number): Promise<void>;
+  /** Leaves the queue group; resolves once the NATS calls delivered here reached the scheduler. */
+  leave(): Promise<void>;
   /** Stops the service, gives back claims and leases, writes pending records, and closes the connection. */
   close(): Promise<void>;
 }
@@ -214,6 +216,9 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
     },
     async drain(timeoutMs) {
       await service?.drain(timeoutMs);
+    },
+    async leave() {
+      await service?.leave();
     },
     async close() {
       closing = true;

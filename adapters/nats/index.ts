@@ -79,6 +79,8 @@ export interface ServedNats {
   frontend: NatsFrontend;
   /** Stops taking NATS calls now and lets running ones finish for up to `timeoutMs` (see `NatsService.drain`). */
   drain(timeoutMs: number): Promise<void>;
+  /** Resolves once this frontend left the queue group and the NATS calls delivered here reached the scheduler. */
+  leave(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -121,5 +123,10 @@ export async function startNatsService(
           ? " (shared sessions on JetStream KV)"
           : ""),
   );
-  return { frontend, drain: (timeoutMs) => frontend.drain(timeoutMs), close: () => frontend.close() };
+  return {
+    frontend,
+    drain: (timeoutMs) => frontend.drain(timeoutMs),
+    leave: () => frontend.leave(),
+    close: () => frontend.close(),
+  };
 }

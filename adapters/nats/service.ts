@@ -126,6 +126,12 @@ export interface NatsService {
    * Idempotent; resolves once every call got its last message.
    */
   drain(timeoutMs: number): Promise<void>;
+  /**
+   * The first half of `drain`: leaves the queue group and resolves once every
+   * request already delivered here reached the scheduler (bounded), so the
+   * scheduler may then refuse new work without refusing those.
+   */
+  leave(): Promise<void>;
   /** `drain(0)`: stops taking requests and cancels calls in flight, each answered. Idempotent. */
   stop(): Promise<void>;
 }
@@ -134,6 +140,8 @@ export interface NatsService {
 export const MIN_HEARTBEAT_MS = 100;
 /** Longest a cancelled call may take to send its last message during a stop, ms. */
 const CANCEL_GRACE_MS = 2000;
+/** Longest leaving the queue group may take (a connection down can hold a subscription's drain), ms. */
+const LEAVE_TIMEOUT_MS = 2000;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -292,6 +300,9 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   const stopping = new AbortController();
   let inFlight = 0;
   const idleWaiters: (() => void)[] = [];
+  /** Chat requests delivered but not yet handed to the scheduler (a drain waits for them before it refuses). */
+  let entering = 0;
+  const enteredWaiters: (() => void)[] = [];
   // Reconnects seen, so a probe's "no responders" during one is not taken for a requester gone.
   let reconnects = 0;
   let disconnected = false;
@@ -351,6 +362,14 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     let streamMode = isTrue(headerOf(msg, HEADERS.stream));
     // Heartbeats while the call runs (queued, waiting for a window, or streaming): silence means a dead frontend.
     const heartbeat = startHeartbeat(reply, requestId, headerOf(msg, HEADERS.heartbeatMs));
+    entering++;
+    let entered = true;
+    const passed = () => {
+      if (!entered) return;
+      entered = false;
+      entering--;
+      if (entering === 0) for (const wake of enteredWaiters.splice(0)) wake();
+    };
     try {
       if (stopping.signal.aborted) {
         throw new Refusal("unavailable", "this sluice instance is shutting down", {
@@ -404,7 +423,10 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
 
       try {
-        admitted = await scheduler.submit(req);
+        // The scheduler decides at once whether it still takes calls; past this line a drain lets it run.
+        const submitted = scheduler.submit(req);
+        passed();
+        admitted = await submitted;
       } catch (err) {
         // The scheduler counts its own refusals through its events.
         decidedHere = false;
@@ -453,6 +475,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       respondRefusal(msg, err, requestId, decidedHere);
       if (streamMode) sendDone(reply, requestId);
     } finally {
+      passed();
       heartbeat.stop();
       clearTimeout(timer);
       inFlight--;
@@ -780,12 +803,32 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         resolve();
       });
     });
+  let leaving: Promise<void> | undefined;
+  /** Leaves the queue group; resolves once every request delivered here reached the scheduler (bounded). */
+  const leave = (): Promise<void> => {
+    leaving ??= (async () => {
+      // Requests not yet delivered go to the other instances, while the subscriptions' drain still hands
+      // over every request already delivered here.
+      const stopped = service.isStopped ? Promise.resolve() : service.stop().catch(() => null);
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const bound = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, LEAVE_TIMEOUT_MS);
+        timer.unref?.();
+      });
+      await Promise.race([
+        (async () => {
+          await stopped;
+          if (entering > 0) await new Promise<void>((resolve) => enteredWaiters.push(resolve));
+        })(),
+        bound,
+      ]);
+      clearTimeout(timer);
+    })();
+    return leaving;
+  };
   const drain = (timeoutMs: number): Promise<void> => {
     draining ??= (async () => {
-      // Leaving the queue group first: requests not yet delivered go to the other instances, while the
-      // subscriptions' drain still hands over every request already delivered here.
-      const left = service.isStopped ? Promise.resolve() : service.stop().catch(() => null);
-      await Promise.all([left, idle(Math.max(0, timeoutMs))]);
+      await Promise.all([leave(), idle(Math.max(0, timeoutMs))]);
       if (inFlight > 0) {
         stopping.abort(
           new Refusal("unavailable", "this sluice instance is shutting down", {
@@ -809,6 +852,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       return inFlight;
     },
     drain,
+    leave,
     stop: () => drain(0),
   };
 }

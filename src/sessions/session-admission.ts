@@ -559,14 +559,19 @@ export class SessionAdmission {
   windowDemand(id: string): { active: number; paused: number; waiting: number } {
     const slots = this.replicas.get(id);
     if (!slots) return { active: 0, paused: 0, waiting: 0 };
+    // A waiting session could start on any replica, except a handed-over one: it waits for its own.
+    const wantsHere = (session: SessionRecord) =>
+      session.home === null || session.home === id || !this.replicas.get(session.home)?.accepting;
     if (this.unit === "sessions") {
-      return { active: slots.active.length, paused: slots.paused.length, waiting: this.queue.length };
+      let waiting = 0;
+      for (const waiter of this.queue) if (wantsHere(waiter.session)) waiting++;
+      return { active: slots.active.length, paused: slots.paused.length, waiting };
     }
     let paused = 0;
     for (const session of slots.paused) paused += tokenFootprint(session);
     for (const session of slots.dormant) if (session.waiters.length > 0) paused += tokenFootprint(session);
     let waiting = 0;
-    for (const waiter of this.queue) waiting += tokenFootprint(waiter.session);
+    for (const waiter of this.queue) if (wantsHere(waiter.session)) waiting += tokenFootprint(waiter.session);
     return { active: slots.held, paused, waiting };
   }
 

@@ -180,6 +180,96 @@ describe("three frontends behind round robin behave like one", () => {
   });
 });
 
+describe("a replica killed under the fleet", () => {
+  test("its sessions move to the survivor (ahead of new ones there) instead of being sent to the dead one", async () => {
+    const agents = Array.from({ length: 4 }, (_, i) => ({
+      session: `failover-${i}`,
+      messages: [] as { role: string; content: string }[],
+      replicas: [] as string[],
+      refused: 0,
+      steps: 0,
+    }));
+    let turn = 0;
+    /** One step through the next frontend; a 503 is waited out per its Retry-After and tried again. */
+    const step = async (agent: (typeof agents)[number]) => {
+      agent.messages.push({
+        role: "user",
+        content: `${agent.session} step ${agent.steps}: ${"w ".repeat(16)}`,
+      });
+      for (let attempt = 0; attempt < 20; attempt++) {
+        const front = frontends[turn++ % frontends.length]!;
+        const response = await fetch(`${front.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", "x-session-id": agent.session },
+          body: JSON.stringify({ messages: agent.messages, max_tokens: 8 }),
+          signal: AbortSignal.timeout(60_000),
+        });
+        const text = await response.text();
+        if (response.status === 503) {
+          agent.refused++;
+          const retryAfter = Number(response.headers.get("retry-after"));
+          assert.ok(retryAfter >= 1, `a 503 carries Retry-After: ${text}`);
+          await new Promise((resolve) => setTimeout(resolve, retryAfter * 1000));
+          continue;
+        }
+        assert.equal(response.status, 200, text);
+        agent.replicas.push(response.headers.get("x-sluice-replica") ?? "");
+        agent.steps++;
+        const body = JSON.parse(text) as { choices: { message: { content: string } }[] };
+        agent.messages.push({ role: "assistant", content: body.choices[0]?.message.content ?? "" });
+        return;
+      }
+      assert.fail(`${agent.session} never got its step through`);
+    };
+    const debug = setInterval(async () => {
+      if (!process.env.FLEET_DEBUG) return;
+      for (const f of frontends) {
+        const st = await adminState(f.url);
+        console.error(
+          f.url,
+          JSON.stringify(st?.sessions),
+          JSON.stringify(st?.replicas.map((r) => [r.id, r.healthy, r.window])),
+        );
+      }
+      for (const a of agents) console.error(a.session, a.steps, a.refused, a.replicas.join(","));
+    }, 3000);
+    // Two steps each: the 4 sessions fill both replicas' windows (2 + 2).
+    for (let round = 0; round < 2; round++) await Promise.all(agents.map(step));
+    const onDead = agents.filter((agent) => agent.replicas.at(-1) === "sim-0");
+    assert.equal(onDead.length, WINDOW_PER_REPLICA, agents.map((a) => a.replicas.join(",")).join(" | "));
+    const dead = sims[0]!;
+    dead.child.kill("SIGKILL");
+    await dead.exited;
+    // Three more steps each; sessions on the survivor close after theirs, making room.
+    await Promise.all(
+      agents.map(async (agent) => {
+        for (let i = 0; i < 3; i++) await step(agent);
+        const closed = await fetch(
+          `${frontends[turn++ % frontends.length]!.url}/v1/sessions/${agent.session}`,
+          {
+            method: "DELETE",
+          },
+        );
+        assert.equal(closed.status, 204);
+      }),
+    );
+    clearInterval(debug);
+    for (const agent of agents) {
+      assert.deepEqual(agent.replicas.slice(2), ["sim-1", "sim-1", "sim-1"], agent.session);
+    }
+    // At most the first call each frontend sent before it knew: never a stream of 503s to a dead replica.
+    const refused = agents.reduce((n, agent) => n + agent.refused, 0);
+    assert.ok(refused <= frontends.length * onDead.length, `${refused} steps refused`);
+    // Every frontend sees the dead replica unhealthy (so one-off calls go to the survivor too).
+    for (const f of frontends) {
+      await until(async () => {
+        const state = await adminState(f.url);
+        return state?.replicas.find((r) => r.id === "sim-0")?.healthy === false;
+      }, "the dead replica seen unhealthy");
+    }
+  });
+});
+
 /** Runs NATS calls (half streamed) and accounts for each: completed, an error, or unanswered. */
 function natsLoad(transport: NatsTransport, count: number, tag: string, maxTokens: number) {
   const outcome = { completed: 0, errors: [] as string[], unanswered: count };
