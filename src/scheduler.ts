@@ -785,7 +785,8 @@ export class Scheduler {
       const stale = replica.stale(now);
       const accepting = signals.healthy && (!stale || this.config.sessions.staleSignals === "open");
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
-      const fresh = !stale && signals.healthy;
+      // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
+      const fresh = !stale && signals.healthy && !signals.unknown?.includes("kvUsage");
       const law = this.windowLaw(replica, signals.kvUsage, hitRate, fresh);
       if (!law) {
         this.admission.setWindow(replica.id, null, signals.healthy);
