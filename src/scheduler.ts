@@ -614,7 +614,7 @@ export class Scheduler {
         replica.inflightPrefillTokens -= inflight;
         inflight = 0;
         replica.running--;
-        if (outcome === "ok") replica.recordCompletion();
+        replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;

@@ -1,6 +1,7 @@
 /** @module What the client speaks: OpenAI chat shapes, sluice's error, and the transport port (HTTP or NATS). */
 
 import { REFUSAL_STATUS } from "../../src/errors.js";
+import { parseRetryAfter } from "../protocol/retry-after.js";
 /** An OpenAI chat message. */
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "tool" | (string & {});
@@ -124,12 +125,10 @@ export class SluiceError extends Error {
     const code =
       typeof error?.code === "string" ? error.code : status >= 500 ? "unavailable" : "invalid_request";
     const message = typeof error?.message === "string" ? error.message : `sluice answered ${status}`;
-    const retryAfter = meta.retryAfter == null ? undefined : Number(meta.retryAfter.trim());
     return new SluiceError(`${status} ${code}: ${message}`, {
       status,
       code,
-      retryAfterSeconds:
-        retryAfter !== undefined && Number.isFinite(retryAfter) && retryAfter >= 0 ? retryAfter : undefined,
+      retryAfterSeconds: parseRetryAfter(meta.retryAfter),
       envelope: error ? (envelope as ErrorEnvelope) : undefined,
       requestId: typeof error?.request_id === "string" ? error.request_id : meta.requestId,
     });

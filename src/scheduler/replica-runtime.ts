@@ -40,7 +40,7 @@ export class ReplicaRuntime {
   inflightPrefillTokens = 0;
   /** Calls forwarded to the engine and not yet ended. */
   running = 0;
-  /** Completion rate, for the drain estimate behind Retry-After. */
+  /** The replica's one completion rate behind every Retry-After (the gate's 529 and 429s, the budget's, the session queue's). */
   private readonly completions: DrainEstimator;
   private signalsSeen: EngineSignals;
   private reportedMaxNumSeqs = 0;
@@ -72,6 +72,7 @@ export class ReplicaRuntime {
         ...(lanes ? { lanes } : {}),
         clock,
         overloadStatus: config.gate.overloadStatus,
+        drain: this.completions,
       });
     } else {
       this.gate = null;
@@ -150,9 +151,9 @@ export class ReplicaRuntime {
     return best.rank;
   }
 
-  /** Records a completed call, for the drain-rate estimate. */
+  /** Records a call that ended, for the drain-rate estimate (a gate, where there is one, records its own calls). */
   recordCompletion(): void {
-    this.completions.record();
+    if (!this.gate) this.completions.record();
   }
 
   /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */
