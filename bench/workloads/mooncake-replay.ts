@@ -17,11 +17,15 @@ const MOONCAKE_BLOCK_TOKENS = 512;
 /**
  * Finds a trace file: an absolute path as is; a relative one against the
  * workload file's folder, then the working directory, then the repository root
- * (where `../shared/traces/…` points at the shared traces).
+ * (where `../shared/traces/…` points at the shared traces), then its ancestors.
  */
 export function resolveTracePath(trace: string, baseDir?: string): string {
   if (isAbsolute(trace)) return trace;
-  const candidates = [baseDir, process.cwd(), REPO_ROOT]
+  // A git worktree sits a level or more below the main checkout, so `../shared/…` is also tried from the
+  // repository's ancestors.
+  const ancestors: string[] = [];
+  for (let dir = dirname(REPO_ROOT); dir !== dirname(dir); dir = dirname(dir)) ancestors.push(dir);
+  const candidates = [baseDir, process.cwd(), REPO_ROOT, ...ancestors]
     .filter((d): d is string => !!d)
     .map((d) => resolve(d, trace));
   const found = candidates.find((path) => existsSync(path));
@@ -34,8 +38,9 @@ interface TrieNode {
 }
 
 /**
- * Compiles a mooncake spec at an offered-load multiplier: arrival times are
- * divided by `load` (after the spec's `time_scale`). A request that extends an
+ * Compiles a mooncake spec at an offered-load multiplier: arrival times,
+ * counted from the trace's first timestamp, are divided by `load` (after the
+ * spec's `time_scale`). A request that extends an
  * earlier one (its conversation's previous turn) also waits until that turn
  * has completed — a user does not answer a reply they have not seen — so in
  * overload the replay slows down like real conversations do. Prompts are the
@@ -61,6 +66,10 @@ export function buildMooncakeWorkload(
       chained.add(request.sessionKey);
     }
   }
+  // A slice of a trace starts at its own first timestamp: the replay begins there, not after an idle wait as long as it.
+  let startMs = Number.POSITIVE_INFINITY;
+  for (const request of requests) if (request.arrivalMs < startMs) startMs = request.arrivalMs;
+  if (!Number.isFinite(startMs)) startMs = 0;
   const positionOf = new Map<number, number>();
   const root: TrieNode = { children: new Map() };
   const calls: PlannedCall[] = [];
@@ -85,7 +94,7 @@ export function buildMooncakeWorkload(
       index: calls.length,
       id: `${name}-${request.index}`,
       ...(chained.has(request.sessionKey) ? { sessionId: `${name}-c${request.sessionKey}` } : {}),
-      arrivalMs: request.arrivalMs / load,
+      arrivalMs: (request.arrivalMs - startMs) / load,
       gapMs: 0,
       extendsAfter: false,
       newTokens: () => expandMooncakeTokens(hashIds, inputLength),
