@@ -279,7 +279,7 @@ function sessionCharts(report: BenchReport, load: number): string {
     load,
     (run) => run.sessionWaitS,
     `admission wait per session (CDF), load ${load}`,
-    "total time a session's calls waited for admission, s (log scale)",
+    "total time a session's calls waited for admission, s (log scale; none at 1 ms)",
     "fraction of sessions",
   );
   const note = wait === "" ? `<p>Load ${load}: no session waited for admission under any policy.</p>` : "";
