@@ -1,14 +1,39 @@
 /** @module Mooncake trace loading: requests with arrival times, 512-token hash blocks expanded into tokens, sessions inferred from prefix chains. */
 
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** Tokens covered by one Mooncake hash id. */
 export const MOONCAKE_BLOCK_TOKENS = 512;
 
-/** The shared traces folder, `../shared/traces/` from the repository root. */
-export const MOONCAKE_TRACES_DIR = resolve(dirname(fileURLToPath(import.meta.url)), "../../../shared/traces");
+/**
+ * The shared traces folder: `../shared/traces/` from the repository root, or,
+ * for a git worktree that sits deeper than the main checkout, the first
+ * `shared/traces` found further up.
+ */
+export const MOONCAKE_TRACES_DIR = findTracesDir(resolve(dirname(fileURLToPath(import.meta.url)), "../.."));
+
+/** A relative path from the repository root, or, when nothing is there, from the first ancestor that has it. */
+function fromRepository(path: string): string {
+  const root = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+  const direct = resolve(root, path);
+  if (existsSync(direct)) return direct;
+  for (let dir = dirname(root); dir !== dirname(dir); dir = dirname(dir)) {
+    const candidate = resolve(dir, path);
+    if (existsSync(candidate)) return candidate;
+  }
+  return direct;
+}
+
+function findTracesDir(repoRoot: string): string {
+  const preferred = resolve(repoRoot, "../shared/traces");
+  for (let dir = dirname(repoRoot); dir !== dirname(dir); dir = dirname(dir)) {
+    const candidate = resolve(dir, "shared/traces");
+    if (existsSync(candidate)) return candidate;
+  }
+  return preferred;
+}
 
 /** Path of a shared Mooncake trace: `conversation` (default) or `synthetic`. */
 export function mooncakeTracePath(name: "conversation" | "synthetic" = "conversation"): string {
@@ -43,7 +68,7 @@ export interface MooncakeLoadOptions {
 
 /**
  * Reads a Mooncake JSONL trace (`timestamp`, `input_length`, `output_length`,
- * `hash_ids`). A relative path is resolved from the repository root. Sessions
+ * `hash_ids`). A relative path is resolved from the repository root (or its nearest ancestor that has it). Sessions
  * are inferred as the traces README says: a request whose leading ids (at
  * least two) equal the ids of an earlier request's full blocks extends it
  * (the earlier request's partial last block is excluded: the next turn fills
@@ -60,7 +85,7 @@ export function loadMooncakeTrace(path: string, opts: MooncakeLoadOptions = {}):
   if (!(limit === Number.POSITIVE_INFINITY || (Number.isInteger(limit) && limit >= 0))) {
     throw new RangeError(`limit should be a non-negative integer, got ${limit}`);
   }
-  const file = isAbsolute(path) ? path : resolve(dirname(fileURLToPath(import.meta.url)), "../..", path);
+  const file = isAbsolute(path) ? path : fromRepository(path);
   const lines = readFileSync(file, "utf8").split("\n");
   const out: MooncakeRequest[] = [];
   // Full id lists of earlier requests → the latest request that had exactly those ids.
