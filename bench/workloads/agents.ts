@@ -86,9 +86,9 @@ export function buildAgentsWorkload(
     calls,
     sharedPrefills: systemTokens > 0 ? [{ tokens: systemTokens }] : [],
     describe:
-      `${sessions} sessions × ${fmtRange(spec.steps)} steps, system prompt ${systemTokens}, ` +
-      `tool output ${fmtRange(spec.tool_output_tokens)}, output ${fmtRange(spec.output_tokens)}, ` +
-      `tool wait ${fmtRange(spec.tool_wait_s)} s, ${arrival} arrival, SLO TTFT ${spec.slo.ttft_s} s / ` +
+      `${sessions} sessions × ${baseRange(spec, "steps")} steps, system prompt ${systemTokens}, ` +
+      `tool output ${baseRange(spec, "tool_output_tokens")}, output ${baseRange(spec, "output_tokens")}, ` +
+      `tool wait ${baseRange(spec, "tool_wait_s")} s, ${arrival} arrival, SLO TTFT ${spec.slo.ttft_s} s / ` +
       `TPOT ${spec.slo.tpot_s} s${describeClasses(spec)}, seed ${seed}`,
   };
 }
@@ -122,7 +122,8 @@ export function classIndexOf(spec: AgentsSpec, s: number): number | undefined {
     cumulative += spec.classes[i]!.share;
     if (u < cumulative) return i;
   }
-  return undefined;
+  // Shares that add up to 1 claim every session, whatever the rounding of their sum.
+  return cumulative >= 1 - 1e-9 ? spec.classes.length - 1 : undefined;
 }
 
 function profileOf(spec: AgentsSpec, s: number): SessionProfile {
@@ -135,6 +136,18 @@ function profileOf(spec: AgentsSpec, s: number): SessionProfile {
     output_tokens: cls?.output_tokens ?? spec.output_tokens,
     tool_wait_s: cls?.tool_wait_s ?? spec.tool_wait_s,
   };
+}
+
+/** A range of the spec as text, or "by class" when the classes claim every session and each sets it. */
+function baseRange(
+  spec: AgentsSpec,
+  key: "steps" | "tool_output_tokens" | "output_tokens" | "tool_wait_s",
+): string {
+  const classes = spec.classes ?? [];
+  const claimed = classes.reduce((sum, c) => sum + c.share, 0);
+  if (classes.length > 0 && claimed >= 1 - 1e-9 && classes.every((c) => c[key] !== undefined))
+    return "by class";
+  return fmtRange(spec[key]);
 }
 
 function describeClasses(spec: AgentsSpec): string {
