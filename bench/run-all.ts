@@ -6,7 +6,7 @@
  * `agents.svg` for the README) and, last, docs/results.md from those files.
  */
 
-import { existsSync, mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
@@ -99,6 +99,40 @@ export async function seedSpread(
   const ratios = rows.map((r) => r.sluice_over_rr);
   const mean = Math.round((ratios.reduce((a, b) => a + b, 0) / Math.max(1, ratios.length)) * 1000) / 1000;
   return { workload, seeds: rows, min: Math.min(...ratios), mean, max: Math.max(...ratios) };
+}
+
+/** The part of `npm run bench` a target or problem came from: a workload name, or `others` for a `file.ts`. */
+function partOf(run: string): string {
+  return run.endsWith(".ts") ? "others" : run;
+}
+
+/**
+ * The summary after a partial run (`--only`): what the parts that ran produced
+ * replaces their old entries, everything else of the last full run stays (its
+ * wall time included; the partial run's is recorded under `partial`).
+ */
+export function mergeSummary(
+  previous: Record<string, unknown>,
+  current: Record<string, unknown>,
+  ran: ReadonlySet<string>,
+): Record<string, unknown> {
+  const list = <T>(value: unknown): T[] => (Array.isArray(value) ? (value as T[]) : []);
+  const kept = <T>(key: string, runOf: (entry: T) => string): T[] =>
+    list<T>(previous[key]).filter((entry) => !ran.has(partOf(runOf(entry))));
+  const merged: Record<string, unknown> = { ...previous };
+  for (const key of ["mooncake_knee", "seed_spread"])
+    if (current[key] !== undefined) merged[key] = current[key];
+  merged.regret = [
+    ...kept<{ workload: string }>("regret", (r) => r.workload),
+    ...list<unknown>(current.regret),
+  ];
+  merged.targets = [...kept<TargetCheck>("targets", (c) => c.run), ...list<TargetCheck>(current.targets)];
+  merged.problems = [
+    ...kept<string>("problems", (p) => p.slice(0, Math.max(0, p.indexOf(":")))),
+    ...list<string>(current.problems),
+  ];
+  merged.partial = { only: [...ran], wall_s: current.wall_s, finished_at: current.finished_at };
+  return merged;
 }
 
 function writeJson(path: string, value: unknown): void {
@@ -221,7 +255,12 @@ export async function runAll(argv: string[]): Promise<number> {
   summary.problems = problems;
   summary.wall_s = Math.round((performance.now() - started) / 100) / 10;
   summary.finished_at = new Date().toISOString().replace(/\.\d+Z$/, "Z");
-  writeJson(join(outDir, "summary.json"), summary);
+  const summaryPath = join(outDir, "summary.json");
+  const previous =
+    values.only !== undefined && existsSync(summaryPath)
+      ? (JSON.parse(readFileSync(summaryPath, "utf8")) as Record<string, unknown>)
+      : undefined;
+  writeJson(summaryPath, previous ? mergeSummary(previous, summary, names) : summary);
   if (regret.length > 0)
     process.stdout.write(`\n== regret: sluice against the best baseline\n${renderRegretTable(regret)}\n`);
   process.stdout.write(`\n== targets (measured, not tuned)\n${renderChecks(checks)}\n`);

@@ -16,6 +16,7 @@ import {
   targetsOf,
 } from "../../bench/regret.js";
 import { readResults, renderResultsDoc, writeResultsDoc } from "../../bench/results-doc.js";
+import { mergeSummary } from "../../bench/run-all.js";
 
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
 
@@ -224,5 +225,42 @@ describe("docs/results.md", () => {
     const recorded = join(REPO, "docs/results.md");
     if (!existsSync(recorded)) return;
     assert.equal(readFileSync(recorded, "utf8"), renderResultsDoc(readResults(join(REPO, "bench/results"))));
+  });
+});
+
+describe("a partial run's summary", () => {
+  it("replaces the entries of the parts that ran and keeps the rest of the last full run", () => {
+    const previous = {
+      wall_s: 650,
+      finished_at: "then",
+      mooncake_knee: { load: 1 },
+      seed_spread: [{ workload: "agents" }],
+      regret: [{ workload: "agents" }, { workload: "burst" }],
+      targets: [
+        { run: "agents", target: "a", measured: 1, goal: "", met: true },
+        { run: "burst", target: "b", measured: 1, goal: "", met: false },
+      ],
+      problems: ["sim.ts: Error: trace not found", "burst: 1 calls unfinished"],
+    };
+    const current = {
+      wall_s: 40,
+      finished_at: "now",
+      regret: [{ workload: "burst", new: true }],
+      targets: [{ run: "burst", target: "b", measured: 2, goal: "", met: true }],
+      problems: [],
+    };
+    const merged = mergeSummary(previous, current, new Set(["burst", "others"]));
+    assert.equal(merged.wall_s, 650);
+    assert.deepEqual(merged.mooncake_knee, { load: 1 });
+    assert.deepEqual(merged.regret, [{ workload: "agents" }, { workload: "burst", new: true }]);
+    assert.deepEqual(
+      (merged.targets as { run: string; measured: number }[]).map((t) => [t.run, t.measured]),
+      [
+        ["agents", 1],
+        ["burst", 2],
+      ],
+    );
+    assert.deepEqual(merged.problems, []);
+    assert.deepEqual(merged.partial, { only: ["burst", "others"], wall_s: 40, finished_at: "now" });
   });
 });
