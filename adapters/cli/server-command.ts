@@ -1,12 +1,13 @@
 /** @module The life of a long-running command (`sluice serve`, `sluice gate`): flags, start, run until a signal, close. */
 
 import { ConfigError } from "../../src/config/config-error.js";
+import { type CommandSpec, packageVersion, readArgv, renderHelp } from "./command-line.js";
+import { describeError } from "./error-cause.js";
 
 /** What a server command provides; `runServerCommand` does the rest. */
 export interface ServerCommand<Options, Server> {
-  /** Command name in messages (`serve`, `gate`). */
-  name: string;
-  help(): string;
+  /** Name, usage, summary and settings (help is generated from them). */
+  spec: CommandSpec;
   /** Parses the flags; throws `ConfigError` or `RangeError` for bad ones. */
   parse(argv: string[]): Options | Promise<Options>;
   start(options: Options): Promise<Server>;
@@ -31,13 +32,18 @@ export async function runServerCommand<Options, Server>(
   command: ServerCommand<Options, Server>,
   argv: string[],
 ): Promise<number> {
-  const say = (line: string) => process.stderr.write(`sluice ${command.name}: ${line}\n`);
-  if (argv.includes("--help") || argv.includes("-h")) {
-    process.stdout.write(`${command.help()}\n`);
-    return 0;
-  }
+  const say = (line: string) => process.stderr.write(`sluice ${command.spec.name}: ${line}\n`);
   let options: Options;
   try {
+    const read = readArgv(command.spec, argv);
+    if (read.kind === "help") {
+      process.stdout.write(`${renderHelp(command.spec)}\n`);
+      return 0;
+    }
+    if (read.kind === "version") {
+      process.stdout.write(`sluice ${packageVersion()}\n`);
+      return 0;
+    }
     options = await command.parse(argv);
   } catch (error) {
     if (!isUsageError(error)) throw error;
@@ -48,7 +54,7 @@ export async function runServerCommand<Options, Server>(
   try {
     server = await command.start(options);
   } catch (error) {
-    say((error as Error).message);
+    say(isUsageError(error) ? (error as Error).message : `cannot start: ${describeError(error)}`);
     return isUsageError(error) ? 2 : 1;
   }
   const signal = await new Promise<NodeJS.Signals>((resolve) => {

@@ -37,6 +37,8 @@ export interface Setting {
   readonly expects: string;
   /** The default in words when the schema holds none (`engine max_num_seqs`). */
   readonly defaultText?: string;
+  /** A secret (a key): messages never repeat its value. */
+  readonly secret?: boolean;
 }
 
 /** What a setting entry states; the rest is derived. */
@@ -52,6 +54,7 @@ export interface SettingSpec {
   placeholder?: string;
   expects?: string;
   defaultText?: string;
+  secret?: boolean;
 }
 
 interface Def {
@@ -199,6 +202,7 @@ export function defineSetting(spec: SettingSpec): Setting {
     ...(spec.alias ? { alias: spec.alias } : {}),
     expects,
     ...(spec.defaultText ? { defaultText: spec.defaultText } : {}),
+    ...(spec.secret ? { secret: true } : {}),
   };
 }
 
@@ -208,6 +212,7 @@ export function defaultShown(setting: Setting): string | undefined {
   const value = schemaDefault(setting.schema);
   if (value === undefined) return undefined;
   if (Array.isArray(value)) return value.length > 0 ? value.join(",") : undefined;
+  if (value === false) return undefined;
   return String(value);
 }
 
@@ -219,8 +224,12 @@ const FALSE_TEXT = new Set(["0", "false", "no", "off"]);
 /** One piece of text as the value of `setting` (list items one at a time); undefined when invalid. */
 function parseOne(setting: Setting, raw: string): { value: unknown } | undefined {
   const text = raw.trim();
+  const schema =
+    setting.kind === "list"
+      ? innerSchema(defOf(innerSchema(setting.schema)).element ?? z.string())
+      : innerSchema(setting.schema);
   let candidate: unknown = text;
-  switch (setting.kind) {
+  switch (setting.kind === "list" ? kindOf(schema) : setting.kind) {
     case "int":
       if (!INTEGER_TEXT.test(text)) return undefined;
       candidate = Number(text);
@@ -239,17 +248,13 @@ function parseOne(setting: Setting, raw: string): { value: unknown } | undefined
     default:
       if (text === "") return undefined;
   }
-  const schema =
-    setting.kind === "list"
-      ? (defOf(innerSchema(setting.schema)).element ?? z.string())
-      : innerSchema(setting.schema);
   const parsed = schema.safeParse(candidate);
   return parsed.success ? { value: parsed.data } : undefined;
 }
 
-/** Splits a list value: repeated flags, or one comma-separated variable; blanks dropped. */
+/** Splits a list value: repeated flags, each comma-separated like the variable; blanks dropped. */
 function listItems(raw: string | readonly string[]): string[] {
-  const parts = typeof raw === "string" ? raw.split(",") : raw;
+  const parts = (typeof raw === "string" ? [raw] : raw).flatMap((part) => part.split(","));
   return parts.map((part) => part.trim()).filter((part) => part.length > 0);
 }
 
@@ -288,7 +293,7 @@ export type FlagValue = string | readonly string[] | true;
 
 /** The SPEC 9 message for an invalid flag. */
 export function invalidFlag(setting: Setting, raw: string | readonly string[]): ConfigError {
-  const value = offending(setting, raw);
+  const value = setting.secret ? "…" : offending(setting, raw);
   return new ConfigError(`--${setting.flag} takes ${setting.expects}, got ${JSON.stringify(value)}`, {
     flag: `--${setting.flag}`,
     value,
@@ -330,7 +335,8 @@ export function resolveSetting(
     const parsed = parseSettingText(setting, raw);
     if (parsed) return { value: parsed.value, source };
     const next = source === "env" && setting.alias ? `${setting.alias} or the default` : "the default";
-    warn(`ignoring ${variable}=${JSON.stringify(raw)}: expected ${setting.expects}; falling back to ${next}`);
+    const shown = setting.secret ? "…" : JSON.stringify(raw);
+    warn(`ignoring ${variable}=${shown}: expected ${setting.expects}; falling back to ${next}`);
   }
   return undefined;
 }
