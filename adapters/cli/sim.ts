@@ -41,10 +41,8 @@ export const SIM_SETTINGS: readonly Setting[] = [
     "preset",
     REPLICA,
     z.enum(presetNames).default(DEFAULT_PRESET),
-    presetNames.join(" | "),
-    {
-      placeholder: "<preset>",
-    },
+    "simulated engine and GPU",
+    { placeholder: "<preset>" },
   ),
   simSetting("model", "model", REPLICA, z.string(), "served model name", {
     placeholder: "<name>",
