@@ -16,6 +16,7 @@ import { realClock } from "../../src/clock.js";
 import { ConfigError } from "../../src/config/config-error.js";
 import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
 import {
+  checkSchedulerSettings,
   DEFAULT_MAX_TOKENS_SETTING,
   GATE_LIMIT_SETTINGS,
   OVERLOAD_STATUS_SETTING,
@@ -265,7 +266,9 @@ export function gateOptionsFromArgs(
     throw new ConfigError("--upstream <url> is required: the engine this gate stands in front of", {
       flag: "--upstream",
     });
-  return { ...options, upstream: options.upstream, config: { gate: {}, ...options.config } };
+  const config = { gate: {}, ...options.config };
+  checkSchedulerSettings(config);
+  return { ...options, upstream: options.upstream, config };
 }
 
 /** `sluice gate`: runs until SIGINT or SIGTERM, then drains and returns 0; invalid flags return 2. */

@@ -7,7 +7,7 @@ import { z } from "zod";
 import { realClock } from "../../src/clock.js";
 import { ConfigError } from "../../src/config/config-error.js";
 import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
-import { SCHEDULER_SETTINGS } from "../../src/config/scheduler-settings.js";
+import { checkSchedulerSettings, SCHEDULER_SETTINGS } from "../../src/config/scheduler-settings.js";
 import { defineSetting, type Setting } from "../../src/config/settings.js";
 import type { Engine } from "../../src/engine.js";
 import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
@@ -22,6 +22,7 @@ import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
 import { type CommandSpec, httpUrl, parseCommandLine, renderHelp } from "./command-line.js";
+import { describeError } from "./error-cause.js";
 import { runServerCommand } from "./server-command.js";
 
 /** A running NATS front end; `adapters/nats` provides it (loaded only when `--nats` is given). */
@@ -172,7 +173,7 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
     throw new ConfigError("--nats: adapters/nats does not export connectNatsFrontend", { flag: "--nats" });
   }
   const frontend = await module.connectNatsFrontend({ servers: url, log }).catch((err: Error) => {
-    throw new ConfigError(`--nats: cannot connect to ${url} (${err.message})`, {
+    throw new ConfigError(`--nats: cannot connect to ${url} (${describeError(err)})`, {
       flag: "--nats",
       value: url,
     });
@@ -461,6 +462,7 @@ export async function serveOptionsFromArgs(
       });
     }
   }
+  checkSchedulerSettings(options.config ?? {});
   let keys: ApiKeys | undefined;
   if (apiKeys !== undefined) {
     const fromEnv = line.sources["api-keys"] === "env";

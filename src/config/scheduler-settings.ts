@@ -5,7 +5,12 @@
  * scheduler does).
  */
 
-import { schedulerConfigSchema } from "./scheduler-config.js";
+import { ConfigError } from "./config-error.js";
+import {
+  resolveSchedulerConfig,
+  type SchedulerConfigInput,
+  schedulerConfigSchema,
+} from "./scheduler-config.js";
 import { defineSetting, fieldSchema, type Setting, type SettingSpec } from "./settings.js";
 
 /** Help topics of the scheduler's settings, in the order help shows them. */
@@ -233,3 +238,26 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     help: "sessions waiting for a window; beyond: 429 session_queue_full",
   }),
 ];
+
+/**
+ * Checks a configuration built from flags and variables as the scheduler
+ * will (ranges and the rules between fields, such as min ≤ max), so start-up
+ * fails before anything opens, with the flags named instead of the fields.
+ *
+ * @throws ConfigError naming the flags involved.
+ */
+export function checkSchedulerSettings(config: SchedulerConfigInput): void {
+  try {
+    resolveSchedulerConfig(config);
+  } catch (error) {
+    if (!(error instanceof RangeError)) throw error;
+    let message = error.message;
+    // Longest paths first, so `window.initialTokens` is not read as `window.initial`.
+    const byPath = [...SCHEDULER_SETTINGS].sort((a, b) => b.path.length - a.path.length);
+    for (const setting of byPath) {
+      const field = setting.path.replace(/^config\./, "");
+      message = message.replace(new RegExp(`\\b${field.replace(/\./g, "\\.")}\\b`, "g"), `--${setting.flag}`);
+    }
+    throw new ConfigError(message);
+  }
+}

@@ -12,6 +12,7 @@ import { GATE_COMMAND } from "../../adapters/cli/gate.js";
 import { SERVE_COMMAND, serveOptionsFromArgs } from "../../adapters/cli/serve.js";
 import { run as runSim } from "../../adapters/cli/sim.js";
 import { run as runTune } from "../../adapters/cli/tune.js";
+import { ConfigError } from "../../src/config/config-error.js";
 import { resolveSchedulerConfig } from "../../src/config/scheduler-config.js";
 
 const SLUICE = fileURLToPath(new URL("../../adapters/cli/sluice.js", import.meta.url));
@@ -195,5 +196,17 @@ describe("the session window's flags (SPEC 6)", () => {
     for (const [argv, message] of cases) {
       assert.throws(() => parseCommandLine(SERVE_COMMAND, argv, {}, () => {}), message);
     }
+  });
+
+  test("settings that contradict each other fail before start-up, naming the flags", async () => {
+    await assert.rejects(
+      serveOptionsFromArgs(["--window-min", "10", "--window-max", "5"], {}, () => {}),
+      (err: unknown) =>
+        err instanceof ConfigError && err.message === "--window-min (10) must not exceed --window-max (5)",
+    );
+    await assert.rejects(
+      serveOptionsFromArgs(["--window-kv-high", "0.1"], { SLUICE_WINDOW_KV_LOW: "0.3" }, () => {}),
+      /--window-kv-low \(0\.3\) must not exceed --window-kv-high \(0\.1\)/,
+    );
   });
 });
