@@ -140,10 +140,8 @@ function describeNumber(bounds: NumberBounds): string {
     if (!min.inclusive && !max.inclusive) return `a number between ${min.value} and ${max.value} (exclusive)`;
     return `a number ${min.inclusive ? "≥" : ">"} ${min.value} and ${max.inclusive ? "≤" : "<"} ${max.value}`;
   }
-  if (min)
-    return min.value === 0 && min.inclusive
-      ? "a non-negative number"
-      : `a number ${min.inclusive ? "≥" : ">"} ${min.value}`;
+  if (min?.value === 0) return min.inclusive ? "a non-negative number" : "a positive number";
+  if (min) return `a number ${min.inclusive ? "≥" : ">"} ${min.value}`;
   if (max) return `a number ${max.inclusive ? "≤" : "<"} ${max.value}`;
   return "a number";
 }

@@ -191,7 +191,7 @@ describe("the session window's flags (SPEC 6)", () => {
       [["--window-unit", "bytes"], /--window-unit takes one of tokens \| sessions, got "bytes"/],
       [["--window-min-tokens", "0"], /--window-min-tokens takes a positive integer, got "0"/],
       [["--retention-quantile", "0"], /--retention-quantile takes a number > 0 and ≤ 1, got "0"/],
-      [["--idle-timeout-ms", "-5"], /--idle-timeout-ms takes a number > 0, got "-5"/],
+      [["--idle-timeout-ms", "-5"], /--idle-timeout-ms takes a positive number, got "-5"/],
     ];
     for (const [argv, message] of cases) {
       assert.throws(() => parseCommandLine(SERVE_COMMAND, argv, {}, () => {}), message);
