@@ -103,6 +103,13 @@ export function readArgv(
     const token = argv[i]!;
     if (HELP_FLAGS.has(token)) return { kind: "help" };
     if (token === "--version") return { kind: "version" };
+    if (/^-[a-zA-Z]/.test(token)) {
+      const suggestion = closest(token.replace(/^-+/, ""), [...byFlag.keys(), "help", "version"]);
+      throw new ConfigError(
+        `unknown flag ${token}${suggestion ? `; did you mean --${suggestion}?` : ""} (flags take two dashes; see sluice ${spec.name} --help)`,
+        { flag: token },
+      );
+    }
     if (!token.startsWith("--") || token === "--") {
       throw new ConfigError(
         `unexpected argument ${JSON.stringify(token)}; flags are written --name value (see sluice ${spec.name} --help)`,
