@@ -62,7 +62,8 @@ export function renderConfigurationDoc(commands: readonly CommandSpec[] = DOCUME
     "",
     "Surrounding spaces are accepted. Integers take decimal digits only (no sign, fraction or exponent).",
     "An invalid flag stops start-up with a message naming the flag and the value, and exit status 2.",
-    "An invalid variable logs a warning naming it and falls back to the next source.",
+    "An invalid variable logs a warning naming it and falls back to the next source, except a secret",
+    "(`SLUICE_ADMIN_KEY`): without it the admin API would be open, so an invalid one stops start-up.",
     "A list (`--upstream`, `--cors-origin`, `--policies`, `--load`) is comma-separated; a flag may also be repeated.",
     "Every command answers `-h`/`--help` (these tables, grouped the same way) and `--version`.",
   ];

@@ -37,7 +37,7 @@ export interface Setting {
   readonly expects: string;
   /** The default in words when the schema holds none (`engine max_num_seqs`). */
   readonly defaultText?: string;
-  /** A secret (a key): messages never repeat its value. */
+  /** A secret (a key): messages never repeat its value, and an invalid variable stops start-up (fail closed). */
   readonly secret?: boolean;
 }
 
@@ -303,8 +303,9 @@ export function invalidFlag(setting: Setting, raw: string | readonly string[]): 
  * canonical variable, then the Dynamo alias. Undefined when none gives a
  * value (the caller's default applies).
  *
- * @throws ConfigError when the flag's value is invalid; an invalid variable is
- *   reported through `warn` (naming it) and the next source is tried.
+ * @throws ConfigError when the flag's value is invalid, or a secret's variable
+ *   is; any other invalid variable is reported through `warn` (naming it) and
+ *   the next source is tried.
  */
 export function resolveSetting(
   setting: Setting,
@@ -333,7 +334,13 @@ export function resolveSetting(
     const parsed = parseSettingText(setting, raw);
     if (parsed) return { value: parsed.value, source };
     const next = source === "env" && setting.alias ? `${setting.alias} or the default` : "the default";
-    const shown = setting.secret ? "…" : JSON.stringify(raw);
+    if (setting.secret) {
+      // Falling back past a bad secret would run without it (an admin API left open): fail closed.
+      throw new ConfigError(`${variable} takes ${setting.expects}; refusing to start without it`, {
+        variable,
+      });
+    }
+    const shown = JSON.stringify(raw);
     warn(`ignoring ${variable}=${shown}: expected ${setting.expects}; falling back to ${next}`);
   }
   return undefined;

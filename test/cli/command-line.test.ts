@@ -198,6 +198,19 @@ describe("the session window's flags (SPEC 6)", () => {
     }
   });
 
+  test("a bad secret in the environment stops start-up instead of leaving the admin API open", async () => {
+    await assert.rejects(
+      serveOptionsFromArgs([], { SLUICE_ADMIN_KEY: "short" }, () => {}),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.message === "SLUICE_ADMIN_KEY takes at least 8 characters; refusing to start without it",
+    );
+    assert.throws(
+      () => parseCommandLine(SERVE_COMMAND, ["--admin-key", "short"], {}, () => {}),
+      /--admin-key takes at least 8 characters, got "…"/,
+    );
+  });
+
   test("settings that contradict each other fail before start-up, naming the flags", async () => {
     await assert.rejects(
       serveOptionsFromArgs(["--window-min", "10", "--window-max", "5"], {}, () => {}),
