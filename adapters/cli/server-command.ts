@@ -50,22 +50,30 @@ export async function runServerCommand<Options, Server>(
     say((error as Error).message);
     return 2;
   }
-  let server: Server;
-  try {
-    server = await command.start(options);
-  } catch (error) {
-    say(isUsageError(error) ? (error as Error).message : `cannot start: ${describeError(error)}`);
-    return isUsageError(error) ? 2 : 1;
-  }
-  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+  // Listening for signals before starting: one that arrives while the server starts (or just after
+  // it says it is listening) still gets an orderly shutdown instead of the default, abrupt exit.
+  let stopListening = () => {};
+  const signalled = new Promise<NodeJS.Signals>((resolve) => {
     const stop = (received: NodeJS.Signals) => {
+      stopListening();
+      resolve(received);
+    };
+    stopListening = () => {
       process.off("SIGINT", stop);
       process.off("SIGTERM", stop);
-      resolve(received);
     };
     process.once("SIGINT", stop);
     process.once("SIGTERM", stop);
   });
+  let server: Server;
+  try {
+    server = await command.start(options);
+  } catch (error) {
+    stopListening();
+    say(isUsageError(error) ? (error as Error).message : `cannot start: ${describeError(error)}`);
+    return isUsageError(error) ? 2 : 1;
+  }
+  const signal = await signalled;
   say(`${signal}, shutting down`);
   const force = command.force;
   const onSecondSignal = force ? () => force(server) : undefined;
