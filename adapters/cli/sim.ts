@@ -178,6 +178,23 @@ async function serveSim(
   if (flags.maxNumBatchedTokens !== undefined) overrides.maxNumBatchedTokens = flags.maxNumBatchedTokens;
   if (flags.kvCapacityTokens !== undefined) overrides.kvCapacityTokens = flags.kvCapacityTokens;
   if (flags.maxModelLen !== undefined) overrides.maxModelLen = flags.maxModelLen;
+  // Listening for signals before starting, so one that arrives while starting still stops cleanly.
+  let stopWaiting = () => {};
+  const stopped = new Promise<void>((resolve) => {
+    const done = (): void => {
+      stopWaiting();
+      resolve();
+    };
+    stopWaiting = () => {
+      process.off("SIGINT", done);
+      process.off("SIGTERM", done);
+      io.stop?.removeEventListener("abort", done);
+    };
+    process.once("SIGINT", done);
+    process.once("SIGTERM", done);
+    if (io.stop?.aborted) done();
+    else io.stop?.addEventListener("abort", done, { once: true });
+  });
   let server: Awaited<ReturnType<typeof startSimServer>>;
   try {
     server = await startSimServer({
@@ -191,6 +208,7 @@ async function serveSim(
       ...(tokenizer !== undefined ? { tokenizer } : {}),
     });
   } catch (error) {
+    stopWaiting();
     const message = (error as Error).message;
     if (error instanceof RangeError) {
       stderr(`sluice sim: ${message}\n`);
@@ -206,18 +224,7 @@ async function serveSim(
       `listening on ${server.url}\n`,
   );
 
-  await new Promise<void>((resolve) => {
-    const done = (): void => {
-      process.off("SIGINT", done);
-      process.off("SIGTERM", done);
-      io.stop?.removeEventListener("abort", done);
-      resolve();
-    };
-    process.once("SIGINT", done);
-    process.once("SIGTERM", done);
-    if (io.stop?.aborted) done();
-    else io.stop?.addEventListener("abort", done, { once: true });
-  });
+  await stopped;
   await server.close();
   stdout("sluice sim: stopped\n");
   return 0;
