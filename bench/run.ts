@@ -11,7 +11,7 @@ import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
 /** The policies the scheduler runs (SPEC 13). */
-export const BENCH_POLICIES = ["rr", "gate", "gate-prefix", "sluice"] as const;
+export const BENCH_POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
 export type BenchPolicy = (typeof BENCH_POLICIES)[number];
 
 /** What the driver needs from the scheduler. */

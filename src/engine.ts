@@ -81,6 +81,22 @@ export interface EngineSignals {
   dataParallelSize: number;
   /** Prefill throughput the engine states or was calibrated with (tokens/s), when known. */
   prefillTokensPerSecond?: number;
+  /**
+   * Which engine profile the adapter recognised (`vllm-v1`, `sglang-legacy`, …),
+   * when it reads another system's metrics; absent for engines that report themselves.
+   */
+  profile?: string;
+  /**
+   * Signals the engine did not publish, by field name (`kvUsage`, `prefixCache`,
+   * `kvCapacityTokens`, …): their values above are placeholders, not measurements.
+   * A `prefixCache` left unknown is reported as 0 queries, which the hit-rate
+   * meter already treats as "not measured".
+   */
+  unknown?: readonly string[];
+  /** Where `kvCapacityTokens` came from: the engine's own statement, derived from other series, an operator's setting, or nowhere. */
+  kvCapacitySource?: "engine" | "derived" | "configured" | "unknown";
+  /** The prefix-cache hit rate the engine itself states as a gauge (0–1, whatever unit it used), for display only. */
+  statedHitRate?: number;
 }
 
 /** A replica: the scheduler forwards admitted calls to it and reads its signals. */

@@ -40,6 +40,15 @@ export {
   type SessionAdmissionOptions,
   type SessionRecord,
 } from "./sessions/session-admission.js";
+export {
+  resolveTokenWindowOptions,
+  stepTokenWindow,
+  TokenWindow,
+  type TokenWindowAction,
+  type TokenWindowOptions,
+  type TokenWindowSignal,
+  type TokenWindowState,
+} from "./sessions/token-window.js";
 export * from "./signals/index.js";
 export type { Tokenizer } from "./tokenizer.js";
 export { PromptTokenizer, type PromptTokenizerStats } from "./tokens/prompt-tokenizer.js";

@@ -131,11 +131,14 @@ export class Scheduler {
       queueLimit: this.config.sessions.queueLimit,
       waitLimitMs: this.config.sessions.waitLimitMs,
       idleTimeoutMs: this.config.sessions.idleTimeoutMs,
+      unit: this.features.window ?? "sessions",
+      retentionQuantile: this.config.sessions.retentionQuantile,
       retryAfterSeconds: () => this.sessionRetryAfter(),
       onEvent: (id, event, replica) => this.emit("session", { id, event, replica }),
+      onRetention: (replica, retentionMs, source) => this.emit("retention", { replica, retentionMs, source }),
     });
     for (const replica of this.replicas) {
-      this.admission.addReplica(replica.id, replica.window ? replica.window.size : null);
+      this.admission.addReplica(replica.id, replica.window?.size ?? replica.tokenWindow?.size ?? null);
     }
     this.overload = this.features.overload
       ? new OverloadController({
@@ -179,13 +182,13 @@ export class Scheduler {
    */
   applyWindow(replicaId: string, size: number, accepting: boolean): void {
     const replica = this.byId.get(replicaId);
-    if (!replica?.window) return;
+    if (!replica?.window && !replica?.tokenWindow) return;
     this.admission.setWindow(replicaId, size, accepting);
   }
 
-  /** This frontend's window occupancy of a replica (for a shared-window authority). */
-  windowCounts(replicaId: string): { size: number | null; active: number; paused: number; waiting: number } {
-    return this.admission.replicaCounts(replicaId);
+  /** This frontend's demand on a replica's window, in the window's unit (for a shared-window authority). */
+  windowCounts(replicaId: string): { active: number; paused: number; waiting: number } {
+    return this.admission.windowDemand(replicaId);
   }
 
   /** Refuses every new call with 503 from now on (graceful shutdown); running calls go on. */
@@ -406,11 +409,12 @@ export class Scheduler {
               ? hint
               : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica,
           req.signal,
+          { promptTokens: tokens.length, maxTokens, expectedIdleMs: req.expectedIdleMs },
         );
         this.pinHints.delete(session.id);
         stepHeld = true;
         const movable = eligible.filter(
-          (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id),
+          (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
         );
         decision =
           this.place(tokens, hashes, pinned, movable) ??
@@ -438,7 +442,11 @@ export class Scheduler {
           });
         decision = placed;
         if (session) {
-          await this.admission.acquireStep(session, () => decision.replica, req.signal);
+          await this.admission.acquireStep(session, () => decision.replica, req.signal, {
+            promptTokens: tokens.length,
+            maxTokens,
+            expectedIdleMs: req.expectedIdleMs,
+          });
           stepHeld = true;
           this.admission.rebind(session, decision.replica);
         }
@@ -452,10 +460,15 @@ export class Scheduler {
       });
       const uncached = Math.max(0, tokens.length - decision.predictedHitTokens);
       if (replica.budget) {
-        reservation = replica.budget.reserveOrRefuse(tokens.length + maxTokens, {
+        // SPEC 5: a call reserves what it adds to the replica's KV — its uncached prompt tokens as the
+        // router predicts them, plus max_tokens; blocks shared with a cached prefix are counted once, by
+        // the call that brought them. The whole call must still fit the ceiling less the guard band.
+        const reserve = uncached + maxTokens;
+        reservation = replica.budget.reserveOrRefuse(reserve, {
           queued: true,
           lane,
-          retryAfterSeconds: budgetRetryAfter(replica, tokens.length + maxTokens),
+          callTokens: tokens.length + maxTokens,
+          retryAfterSeconds: budgetRetryAfter(replica, reserve),
         });
       }
       if (this.features.feasibility) {
@@ -771,41 +784,106 @@ export class Scheduler {
       });
       const stale = replica.stale(now);
       const accepting = signals.healthy && (!stale || this.config.sessions.staleSignals === "open");
-      if (replica.window) {
-        const fresh = !stale && signals.healthy;
-        const signal = { kvUsage: signals.kvUsage, hitRate };
-        // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
-        // An interval without prefix lookups measured no hit rate: the window may still grow on low
-        // KV usage, but it does not shrink on a rate carried over from an interval it already acted on
-        // (that halved it twice for one thrash episode).
-        const lawApplies = fresh && (replica.hitRate.measured || signal.kvUsage <= this.config.window.kvHigh);
-        if (lawApplies) replica.window.observe(signal);
-        if (this.windowAuthority) {
-          const counts = this.admission.replicaCounts(replica.id);
-          const grant = this.windowAuthority.decide({
-            replica: replica.id,
-            proposedSize: replica.window.size,
-            law: (current: number) =>
-              lawApplies
-                ? new AimdWindow({
-                    ...this.config.window,
-                    initial: clampWindow(current, this.config),
-                  }).observe(signal)
-                : current,
-            fresh,
-            accepting,
-            local: { active: counts.active, paused: counts.paused, waiting: this.admission.queuedSessions },
-          });
-          this.admission.setWindow(replica.id, grant.size, grant.accepting);
-        } else {
-          this.admission.setWindow(replica.id, replica.window.size, accepting);
-        }
-      } else {
+      // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
+      // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
+      const fresh = !stale && signals.healthy && !signals.unknown?.includes("kvUsage");
+      const law = this.windowLaw(replica, signals.kvUsage, hitRate, fresh);
+      if (!law) {
         this.admission.setWindow(replica.id, null, signals.healthy);
+      } else if (this.windowAuthority) {
+        const grant = this.windowAuthority.decide({
+          replica: replica.id,
+          proposedSize: law.proposed,
+          law: law.step,
+          fresh,
+          accepting,
+          local: this.admission.windowDemand(replica.id),
+        });
+        this.admission.setWindow(replica.id, grant.size, grant.accepting);
+      } else {
+        this.admission.setWindow(replica.id, law.proposed, accepting);
       }
     }
     this.admission.sweep();
     this.cancelTick = this.clock.setTimeout(() => this.controlTick(), this.config.sessions.controlIntervalMs);
+  }
+
+  /**
+   * Applies one step of the replica's window law to this tick's signals and
+   * says why W moved. Returns the proposed size and the same step as a
+   * function of another size (for a window shared by several frontends), or
+   * null when the policy has no window.
+   */
+  private windowLaw(
+    replica: ReplicaRuntime,
+    kvUsage: number,
+    hitRate: number,
+    fresh: boolean,
+  ): { proposed: number; step: (current: number) => number } | null {
+    const o = this.config.window;
+    const thrash = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)} < ${o.hitLow}`;
+    if (replica.window) {
+      const window = replica.window;
+      const signal = { kvUsage, hitRate };
+      // An interval without prefix lookups measured no hit rate: the window may still grow on low
+      // KV usage, but it does not shrink on a rate carried over from an interval it already acted on
+      // (that halved it twice for one thrash episode).
+      const applies = fresh && (replica.hitRate.measured || kvUsage <= o.kvHigh);
+      const before = window.size;
+      if (applies) window.observe(signal);
+      if (window.size !== before) {
+        const cause =
+          window.size < before ? `thrash: ${thrash}` : `KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
+        this.emitWindow(replica, "sessions", before, window.size, cause);
+      }
+      return {
+        proposed: window.size,
+        step: (current) =>
+          applies
+            ? new AimdWindow({ ...o, initial: clampWindow(current, this.config) }).observe(signal)
+            : current,
+      };
+    }
+    const window = replica.tokenWindow;
+    if (!window) return null;
+    // SPEC 6: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
+    window.setFloor(Math.max(o.minTokens ?? 0, this.admission.largestFootprint(replica.id)));
+    const signal = {
+      kvUsage,
+      hitRate: replica.hitRate.measured ? hitRate : undefined,
+      waiting: this.admission.waitingFor(replica.id),
+    };
+    const before = window.size;
+    if (fresh) window.observe(signal);
+    if (window.size !== before) {
+      const cause =
+        window.size < before
+          ? `thrash: ${thrash}`
+          : `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
+      this.emitWindow(replica, "tokens", before, window.size, cause);
+    }
+    return {
+      proposed: window.size,
+      step: (current) =>
+        fresh ? window.stepFrom({ size: current, slowStart: window.inSlowStart }, signal).size : current,
+    };
+  }
+
+  private emitWindow(
+    replica: ReplicaRuntime,
+    unit: "tokens" | "sessions",
+    from: number,
+    to: number,
+    cause: string,
+  ): void {
+    this.emit("window", {
+      replica: replica.id,
+      unit,
+      from,
+      to,
+      action: to > from ? "increase" : "decrease",
+      cause,
+    });
   }
 
   private cancelOverload: Cancel | undefined;
@@ -890,6 +968,19 @@ export class Scheduler {
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
       inflightPrefillTokens: replica.inflightPrefillTokens,
+      ...(signals.profile === undefined
+        ? {}
+        : {
+            engine: {
+              profile: signals.profile,
+              unknown: [...(signals.unknown ?? [])],
+              kvCapacitySource:
+                signals.kvCapacitySource ?? (signals.kvCapacityTokens > 0 ? "engine" : "unknown"),
+              // A ceiling of MAX_SAFE_INTEGER is the budget switched off for want of a capacity.
+              tokenBudget: budget !== null && budget.ceiling < Number.MAX_SAFE_INTEGER,
+              ...(signals.statedHitRate === undefined ? {} : { statedHitRate: signals.statedHitRate }),
+            },
+          }),
     };
   }
 

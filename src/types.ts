@@ -41,6 +41,8 @@ export interface CallRequest {
   declaredLane?: Lane;
   /** The client's own time-to-first-token deadline, ms. */
   deadlineMs?: number;
+  /** How long the client expects to be away after this step, ms: a hint for its session's retention (SPEC 6). */
+  expectedIdleMs?: number;
   /** Priority from the API key (higher is more important); never from a client header. Default 0. */
   priority?: number;
   tenant?: string;
@@ -163,6 +165,19 @@ export interface ReplicaState {
   lanes: Record<Lane, { queued: number; oldestAgeMs: number }>;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
+  /** What the replica's adapter knows about the engine behind it, when it reads another system's metrics. */
+  engine?: {
+    /** Recognised engine profile (`vllm-v1`, `sglang`, …). */
+    profile: string;
+    /** Signals the engine does not publish (read as unknown, never as zero). */
+    unknown: string[];
+    /** Where the KV capacity came from. */
+    kvCapacitySource: "engine" | "derived" | "configured" | "unknown";
+    /** False when no KV capacity is known, so the token budget is off. */
+    tokenBudget: boolean;
+    /** The engine's own hit-rate gauge (0–1), when it publishes one. */
+    statedHitRate?: number;
+  };
 }
 
 /** `/v1/admin/state`: everything an operator or the dashboard needs, as plain JSON. */

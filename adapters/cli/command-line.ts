@@ -47,10 +47,20 @@ export type CommandLine =
   | { kind: "version" }
   | ({ kind: "run"; flags: Record<string, FlagValue> } & ResolvedSettings);
 
-/** The version in package.json. */
+/** The version in package.json: two levels up from the source, three from the build in dist/. */
 export function packageVersion(): string {
-  const text = readFileSync(new URL("../../package.json", import.meta.url), "utf8");
-  return (JSON.parse(text) as { version: string }).version;
+  for (const up of ["../../package.json", "../../../package.json"]) {
+    try {
+      const manifest = JSON.parse(readFileSync(new URL(up, import.meta.url), "utf8")) as {
+        name?: string;
+        version?: string;
+      };
+      if (manifest.name === "sluice" && manifest.version) return manifest.version;
+    } catch {
+      // Not at this level; try the next one up.
+    }
+  }
+  return "unknown";
 }
 
 function editDistance(a: string, b: string): number {

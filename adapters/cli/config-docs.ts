@@ -66,6 +66,7 @@ export function renderConfigurationDoc(commands: readonly CommandSpec[] = DOCUME
     "(`SLUICE_ADMIN_KEY`): without it the admin API would be open, so an invalid one stops start-up.",
     "A list (`--upstream`, `--cors-origin`, `--policies`, `--load`) is comma-separated; a flag may also be repeated.",
     "Every command answers `-h`/`--help` (these tables, grouped the same way) and `--version`.",
+    "API keys and the admin key are described in [http-api.md](http-api.md#api-keys).",
   ];
   for (const command of commands) {
     lines.push(

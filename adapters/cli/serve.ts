@@ -12,6 +12,13 @@ import { defineSetting, type Setting } from "../../src/config/settings.js";
 import type { Engine } from "../../src/engine.js";
 import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
+import {
+  describeUpstream,
+  parseKvCapacitySpecs,
+  parseUpstreamSpec,
+  resolveUpstreams,
+  UpstreamSpecError,
+} from "../engines/openai/upstream-spec.js";
 import { DEFAULT_PRESET, PRESETS, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
@@ -21,7 +28,7 @@ import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
-import { type CommandSpec, httpUrl, parseCommandLine, renderHelp } from "./command-line.js";
+import { type CommandSpec, parseCommandLine, renderHelp } from "./command-line.js";
 import { describeError } from "./error-cause.js";
 import { runServerCommand } from "./server-command.js";
 
@@ -46,8 +53,10 @@ export interface ServeOptions {
   port?: number;
   /** Interface to listen on. Default `0.0.0.0` (every interface, as vLLM and SGLang do). */
   host?: string;
-  /** OpenAI-compatible upstream base URLs; none → simulated replicas. */
+  /** OpenAI-compatible upstreams, `URL` or `NAME=URL` (the replica id; default host:port); none → simulated replicas. */
   upstreams?: string[];
+  /** KV capacity for upstreams whose engine states none: `N` for all, `NAME=N` for one. */
+  kvCapacityTokens?: string[];
   /** Engines to serve as they are (tests, embedding); wins over `upstreams` and the simulator. */
   engines?: Engine[];
   /** Simulated replicas when there is no upstream. Default 2. */
@@ -99,22 +108,35 @@ const DEFAULTS = {
 
 const stderrLog = (line: string) => process.stderr.write(`${line}\n`);
 
-async function buildEngines(options: ServeOptions): Promise<{ engines: Engine[]; description: string }> {
+async function buildEngines(
+  options: ServeOptions,
+  log: (line: string) => void,
+): Promise<{ engines: Engine[]; description: string }> {
   if (options.engines && options.engines.length > 0) {
     return { engines: options.engines, description: `${options.engines.length} given engine(s)` };
   }
-  const upstreams = options.upstreams ?? [];
+  const upstreams = resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
   if (upstreams.length > 0) {
     const engines = upstreams.map(
-      (baseUrl, i) =>
+      (spec) =>
         new OpenAIUpstreamEngine({
-          baseUrl,
-          ...(upstreams.length > 1 ? { id: `upstream-${i}` } : {}),
+          baseUrl: spec.url,
+          id: spec.name,
+          ...(spec.kvCapacityTokens !== undefined ? { kvCapacityTokens: spec.kvCapacityTokens } : {}),
         }),
     );
     // The first scrape and `/v1/models` settle (never reject) before serving, so the first call knows the models.
     await Promise.all(engines.map((engine) => engine.start()));
-    return { engines, description: `upstream ${upstreams.join(", ")}` };
+    // What each engine's metrics said, and a warning for every budget that must stay off.
+    for (const [i, engine] of engines.entries()) {
+      const { line, warning } = describeUpstream(engine.id, upstreams[i]!.url, engine.signals());
+      log(line);
+      if (warning) log(warning);
+    }
+    return {
+      engines,
+      description: `upstream ${upstreams.map((u) => `${u.name}=${u.url}`).join(", ")}`,
+    };
   }
   const count = options.simReplicas ?? DEFAULTS.simReplicas;
   if (!(Number.isInteger(count) && count >= 1)) throw new RangeError(`simReplicas must be ≥ 1, got ${count}`);
@@ -201,7 +223,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     throw new RangeError(`port must be 0–65535, got ${port}`);
   const host = options.host ?? DEFAULTS.host;
 
-  const { engines, description } = await buildEngines(options);
+  const { engines, description } = await buildEngines(options, log);
   const natsScaleOut = options.nats ? await connectNatsScaleOut(options.nats, log) : undefined;
   const scheduler = new Scheduler({
     engines,
@@ -304,6 +326,16 @@ const SERVER = "Server";
 const ENGINES = "Engines";
 const ACCESS = "Access";
 
+/** Whether `read` accepts its text (the upstream parsers throw on bad input). */
+function parses(read: () => unknown): boolean {
+  try {
+    read();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 const milliseconds = z.number().int().nonnegative();
 
 /**
@@ -362,10 +394,19 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     flag: "upstream",
     path: "upstreams",
     topic: ENGINES,
-    schema: z.array(httpUrl),
-    placeholder: "<url>",
-    expects: "an http(s) URL",
-    help: "OpenAI-compatible engine base URL; none: simulated replicas",
+    schema: z.array(z.string().refine((text) => parses(() => parseUpstreamSpec(text)))),
+    placeholder: "<[name=]url>",
+    expects: "an http(s) URL, optionally as NAME=URL",
+    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); none: simulated replicas",
+  }),
+  defineSetting({
+    flag: "kv-capacity-tokens",
+    path: "kvCapacityTokens",
+    topic: ENGINES,
+    schema: z.array(z.string().refine((text) => parses(() => parseKvCapacitySpecs([text])))),
+    placeholder: "<[name=]int>",
+    expects: "a positive number of tokens, N or NAME=N",
+    help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N; without it that upstream's token budget is off",
   }),
   defineSetting({
     flag: "sim-replicas",
@@ -463,6 +504,14 @@ export async function serveOptionsFromArgs(
     }
   }
   checkSchedulerSettings(options.config ?? {});
+  try {
+    // Names distinct, capacities given to names that exist: rules between values.
+    resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
+  } catch (err) {
+    if (err instanceof UpstreamSpecError)
+      throw new ConfigError(err.message, { flag: err.setting, value: err.value });
+    throw err;
+  }
   let keys: ApiKeys | undefined;
   if (apiKeys !== undefined) {
     const fromEnv = line.sources["api-keys"] === "env";

@@ -1,6 +1,16 @@
 #!/usr/bin/env node
-// The published entry point: registers tsx so the TypeScript sources run as they are.
-import { register } from "tsx/esm/api";
+/**
+ * @module The `sluice` command. `npm run build` copies this file beside the compiled `main.js` in
+ * dist/adapters/cli/, where it runs plain JavaScript (the package's `bin`). Run from the source tree,
+ * there is no `main.js` beside it, so it registers tsx (a development dependency) and runs `main.ts`.
+ */
+import { existsSync } from "node:fs";
 
-register();
-await import("./main.ts");
+const compiled = new URL("./main.js", import.meta.url);
+if (existsSync(compiled)) {
+  await import(compiled.href);
+} else {
+  const { register } = await import("tsx/esm/api");
+  register();
+  await import(new URL("./main.ts", import.meta.url).href);
+}

@@ -20,6 +20,7 @@ import type {
 } from "../../src/types.js";
 import { renderDashboard } from "../dashboard/page.js";
 import { createMetrics, type MetricsScheduler, type SluiceMetrics } from "../metrics/metrics.js";
+import { expectedIdleMsOf } from "../protocol/call-headers.js";
 import { type ApiKeyIdentity, type ApiKeys, secretsEqual } from "./api-keys.js";
 import { collectCall, sseStream } from "./call-response.js";
 import { CallTracker } from "./call-tracker.js";
@@ -264,6 +265,7 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-request-id",
           "x-sluice-lane",
           "x-sluice-deadline-ms",
+          "x-sluice-expected-idle-ms",
           ...SESSION_HEADERS,
         ],
         exposeHeaders: [
@@ -412,6 +414,10 @@ export function createApp(options: AppOptions): Hono<Env> {
     // Header checks first: they cost nothing and need no body.
     const declaredLane = declaredLaneOf(c.req.header("x-sluice-lane"));
     const deadlineMs = deadlineOf(c.req.header("x-sluice-deadline-ms"));
+    const expectedIdleMs = expectedIdleMsOf(
+      "x-sluice-expected-idle-ms",
+      c.req.header("x-sluice-expected-idle-ms"),
+    );
     let sessionId = pathSession;
     if (sessionId !== undefined) {
       const view = scheduler.getSession(sessionId);
@@ -468,6 +474,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     if (sessionId !== undefined) req.sessionId = sessionId;
     if (declaredLane !== undefined) req.declaredLane = declaredLane;
     if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
+    if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
     if (identity) {
       req.priority = identity.priority;
       req.tenant = identity.tenant;

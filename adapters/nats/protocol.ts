@@ -21,6 +21,8 @@ export const HEADERS = {
   lane: "Sluice-Lane",
   requestId: "Sluice-Request-Id",
   deadlineMs: "Sluice-Deadline-Ms",
+  /** How long the requester expects to be away after this step, ms (a retention hint, SPEC 6). */
+  expectedIdleMs: "Sluice-Expected-Idle-Ms",
   stream: "Sluice-Stream",
   done: "Sluice-Done",
   /** How long the requester waits for the whole call, ms; the service cancels the call after it. */

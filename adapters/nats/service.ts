@@ -35,6 +35,7 @@ import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../ht
 import { DEFAULT_BODY_LIMIT_BYTES, jsonDepthExceeds, MAX_JSON_DEPTH } from "../http/read-body.js";
 import { sanitizeRequestId } from "../http/request-id.js";
 import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../http/schemas.js";
+import { expectedIdleMsOf } from "../protocol/call-headers.js";
 import {
   type FrontendRequestKind,
   frontendSubject,
@@ -314,6 +315,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       }
       const declaredLane = declaredLaneOf(headerOf(msg, HEADERS.lane));
       const deadlineMs = positiveMsHeader(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
+      const expectedIdleMs = expectedIdleMsOf(HEADERS.expectedIdleMs, headerOf(msg, HEADERS.expectedIdleMs));
       const statedTimeout = positiveMsHeader(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
       const sessionId = sessionIdOf(headerOf(msg, HEADERS.session));
       const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
@@ -352,6 +354,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       if (sessionId !== undefined) req.sessionId = sessionId;
       if (declaredLane !== undefined) req.declaredLane = declaredLane;
       if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
+      if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
 
       try {
         admitted = await scheduler.submit(req);

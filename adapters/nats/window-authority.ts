@@ -43,7 +43,8 @@ export interface WindowEntry {
 /** What the authority needs from the scheduler (`src/scheduler.ts` provides it). */
 export interface WindowScheduler {
   applyWindow(replicaId: string, size: number, accepting: boolean): void;
-  windowCounts(replicaId: string): { size: number | null; active: number; paused: number; waiting: number };
+  /** This frontend's demand on the replica's window, in the window's unit (sessions or tokens). */
+  windowCounts(replicaId: string): { active: number; paused: number; waiting: number };
   addEvents(events: SchedulerEvents): void;
 }
 

@@ -1,15 +1,13 @@
 /** @module The `mooncake` workload: replay of a Mooncake trace, conversations inferred from prefix chains. */
 
 import { existsSync } from "node:fs";
-import { dirname, isAbsolute, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { expandMooncakeTokens, loadMooncakeTrace } from "./mooncake.js";
+import { isAbsolute, resolve } from "node:path";
+import { expandMooncakeTokens, loadMooncakeTrace, REPO_ROOT } from "./mooncake.js";
 import type { MooncakeSpec } from "./schema.js";
 import { WorkloadError } from "./schema.js";
 import type { PlannedCall, Workload } from "./types.js";
 
-/** The repository root (two levels above this file). */
-export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+export { REPO_ROOT };
 
 /** Mooncake hash blocks cover 512 tokens each. */
 const MOONCAKE_BLOCK_TOKENS = 512;

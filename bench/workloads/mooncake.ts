@@ -1,14 +1,27 @@
 /** @module Mooncake trace loading: requests with arrival times, 512-token hash blocks expanded into tokens, sessions inferred from prefix chains. */
 
-import { readFileSync } from "node:fs";
-import { dirname, isAbsolute, resolve } from "node:path";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** Tokens covered by one Mooncake hash id. */
 export const MOONCAKE_BLOCK_TOKENS = 512;
 
+/**
+ * The repository root: the nearest folder above this file that holds package.json. Found rather than
+ * counted, because the compiled copy of this file sits one level deeper (dist/bench/workloads/).
+ */
+export const REPO_ROOT = findPackageRoot(dirname(fileURLToPath(import.meta.url)));
+
+function findPackageRoot(from: string): string {
+  for (let dir = from; ; dir = dirname(dir)) {
+    if (existsSync(join(dir, "package.json"))) return dir;
+    if (dirname(dir) === dir) return resolve(from, "../..");
+  }
+}
+
 /** The shared traces folder, `../shared/traces/` from the repository root. */
-export const MOONCAKE_TRACES_DIR = resolve(dirname(fileURLToPath(import.meta.url)), "../../../shared/traces");
+export const MOONCAKE_TRACES_DIR = resolve(REPO_ROOT, "../shared/traces");
 
 /** Path of a shared Mooncake trace: `conversation` (default) or `synthetic`. */
 export function mooncakeTracePath(name: "conversation" | "synthetic" = "conversation"): string {
@@ -60,7 +73,7 @@ export function loadMooncakeTrace(path: string, opts: MooncakeLoadOptions = {}):
   if (!(limit === Number.POSITIVE_INFINITY || (Number.isInteger(limit) && limit >= 0))) {
     throw new RangeError(`limit should be a non-negative integer, got ${limit}`);
   }
-  const file = isAbsolute(path) ? path : resolve(dirname(fileURLToPath(import.meta.url)), "../..", path);
+  const file = isAbsolute(path) ? path : resolve(REPO_ROOT, path);
   const lines = readFileSync(file, "utf8").split("\n");
   const out: MooncakeRequest[] = [];
   // Full id lists of earlier requests → the latest request that had exactly those ids.

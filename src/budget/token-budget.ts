@@ -36,6 +36,12 @@ export interface ReserveOrRefuseOptions extends ReserveOptions {
   lane?: Lane;
   /** Retry-After for `token_budget_exhausted`, seconds (rounded up, at least 1). Default 1. */
   retryAfterSeconds?: number;
+  /**
+   * The whole call (input + max_tokens), when the reservation is less (a cached
+   * prefix shared): it must still fit the ceiling less the guard band, or 413.
+   * Default: the reservation.
+   */
+  callTokens?: number;
 }
 
 /** Plain-JSON view of a budget, for the admin state and for mirroring. */
@@ -136,10 +142,11 @@ export class TokenBudget {
    */
   reserveOrRefuse(tokens: number, options: ReserveOrRefuseOptions = {}): Reservation {
     checkTokens("reservation", tokens);
-    if (tokens > this.maxReservable) {
+    const callTokens = Math.max(tokens, options.callTokens ?? tokens);
+    if (callTokens > this.maxReservable) {
       throw new Refusal(
         "context_limit",
-        `the call needs ${tokens} tokens (input + max_tokens) but this replica can hold at most ${this.maxReservable}`,
+        `the call needs ${callTokens} tokens (input + max_tokens) but this replica can hold at most ${this.maxReservable}`,
         { lane: options.lane, scope: "request", limits: { max_total_tokens: this.maxReservable } },
       );
     }
@@ -147,7 +154,7 @@ export class TokenBudget {
     if (reservation) return reservation;
     throw new Refusal(
       "token_budget_exhausted",
-      `the call needs ${tokens} tokens (input + max_tokens) but only ${this.available()} are available now`,
+      `the call needs ${tokens} tokens of new KV (uncached input + max_tokens) but only ${this.available()} are available now`,
       { lane: options.lane, scope: "worker", retryAfterSeconds: options.retryAfterSeconds ?? 1 },
     );
   }

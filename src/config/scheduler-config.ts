@@ -73,7 +73,7 @@ export const schedulerConfigSchema = z.strictObject({
   window: z
     .strictObject({
       /** `tokens`: SPEC 6's token window; `sessions`: CONCUR's session-count law (also policy `concur`). */
-      unit: z.enum(WINDOW_UNITS).default("sessions"),
+      unit: z.enum(WINDOW_UNITS).default("tokens"),
       /** Session-count law: window before the first control step, sessions. */
       initial: positiveInt.default(DEFAULT_AIMD_OPTIONS.initial),
       min: positiveInt.default(DEFAULT_AIMD_OPTIONS.min),
@@ -98,7 +98,7 @@ export const schedulerConfigSchema = z.strictObject({
       controlIntervalMs: z.number().positive().default(2000),
       idleTimeoutMs: z.number().positive().default(120_000),
       /** Quantile of a session's (or the fleet's) idle gaps taken as its retention time (SPEC 6). */
-      retentionQuantile: z.number().gt(0).max(1).default(0.9),
+      retentionQuantile: z.number().gt(0).max(1).default(0.99),
       queueLimit: nonNegativeInt.default(1024),
       waitLimitMs: ms.default(600_000),
       staleSignals: z.enum(["closed", "open"]).default("closed"),

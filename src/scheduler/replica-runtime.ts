@@ -11,6 +11,7 @@ import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
 import { PrefixIndex } from "../routing/prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
+import { TokenWindow } from "../sessions/token-window.js";
 import { HitRateMeter } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
@@ -24,7 +25,10 @@ export class ReplicaRuntime {
   readonly engine: Engine;
   readonly gate: BackendGate | null;
   readonly budget: TokenBudget | null;
+  /** CONCUR's session-count law, for the `sessions` window unit. */
   readonly window: AimdWindow | null;
+  /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
+  tokenWindow: TokenWindow | null;
   readonly index: PrefixIndex | null;
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
@@ -79,6 +83,7 @@ export class ReplicaRuntime {
         })
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
+    this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
     this.index =
       features.placement === "prefix"
         ? new PrefixIndex(
@@ -121,6 +126,11 @@ export class ReplicaRuntime {
     if (this.budget && this.config.budget.ceilingTokens === undefined && signals.kvCapacityTokens > 0) {
       if (this.budget.ceiling !== signals.kvCapacityTokens) this.budget.setCeiling(signals.kvCapacityTokens);
     }
+    if (this.tokenWindow && signals.kvCapacityTokens > 0) {
+      if (this.tokenWindow.options.capacityTokens !== this.windowCapacity(signals.kvCapacityTokens)) {
+        this.tokenWindow = this.newTokenWindow(signals.kvCapacityTokens);
+      }
+    }
     if (this.index && signals.kvCapacityTokens > 0) {
       const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
       if (blocks !== this.index.capacity) this.index.resize(blocks);
@@ -158,6 +168,27 @@ export class ReplicaRuntime {
       queued: snapshot ? snapshot.queued : 0,
       reservations: this.budget?.outstanding ?? 0,
     };
+  }
+
+  /** The capacity the token window is sized by: the budget's ceiling when set, else the engine's KV capacity. */
+  private windowCapacity(kvCapacityTokens: number): number {
+    return this.config.budget.ceilingTokens ?? (kvCapacityTokens > 0 ? kvCapacityTokens : FALLBACK_KV_TOKENS);
+  }
+
+  private newTokenWindow(kvCapacityTokens: number): TokenWindow {
+    const w = this.config.window;
+    return new TokenWindow({
+      capacityTokens: this.windowCapacity(kvCapacityTokens),
+      guardBandFraction: this.config.budget.guardBandFraction,
+      decrease: w.decrease,
+      kvLow: w.kvLow,
+      kvHigh: w.kvHigh,
+      hitLow: w.hitLow,
+      ...(w.initialTokens !== undefined ? { initial: w.initialTokens } : {}),
+      ...(w.minTokens !== undefined ? { min: w.minTokens } : {}),
+      ...(w.maxTokens !== undefined ? { max: w.maxTokens } : {}),
+      ...(w.increaseTokens !== undefined ? { increase: w.increaseTokens } : {}),
+    });
   }
 
   private gateLimits(maxNumSeqs: number) {

@@ -1,22 +1,30 @@
 /**
  * @module Session admission mechanics (SPEC 6): the session table, per-replica
- * windows of active sessions, pausing at step boundaries, resume order, the
- * bounded session queue and idle expiry. The window *law* lives in
- * `aimd-window.ts`; this file only applies whatever size it gives.
+ * windows of active sessions counted in sessions or in tokens of cache
+ * footprint, soft retention and dormancy of idle sessions, pausing at step
+ * boundaries, resume order, the bounded session queue and idle expiry. The
+ * window *laws* live in `aimd-window.ts` and `token-window.ts`; this file only
+ * applies whatever size they give.
  */
 
-import { LRUCache } from "lru-cache";
 import type { Cancel, Clock } from "../clock.js";
 import { Refusal } from "../errors.js";
-import type { Lane, SessionState, SessionView } from "../types.js";
+import type { Lane, SessionPhase, SessionState, SessionView } from "../types.js";
+import { IdleGaps } from "./idle-gaps.js";
+
+/** What a window counts: tokens of cache footprint (SPEC 6) or sessions (CONCUR). */
+export type AdmissionUnit = "tokens" | "sessions";
+
+/** Where a session stands; `dormant` shows as `paused` in SPEC 8's view. */
+export type SessionStatus = "waiting" | "active" | "paused" | "dormant" | "closed";
 
 /** One session as the admission layer tracks it. */
 export interface SessionRecord {
   readonly id: string;
   lane: Lane | undefined;
   metadata: Record<string, unknown> | undefined;
-  state: SessionState;
-  /** Replica the session is pinned to (holds its window slot there while active). */
+  state: SessionStatus;
+  /** Replica the session is pinned to (it holds its window place there while active). */
   replica: string | null;
   steps: number;
   /** Tokens of the context: last prompt plus its output. */
@@ -27,6 +35,7 @@ export interface SessionRecord {
   pauseRequested: boolean;
   /** Order of first admission; the youngest (largest) are paused first. */
   admittedSeq: number;
+  /** When it last left the window (paused or dormant). */
   pausedAt: number;
   /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
   movedFrom: string | null;
@@ -34,6 +43,34 @@ export interface SessionRecord {
   readonly waiters: StepWaiter[];
   /** Free for the scheduler: per-session routing state (incremental hashes). */
   routing: unknown;
+  /** Prompt plus `max_tokens` of the steps waiting or running now, the most one of them can hold; 0 between steps. */
+  demandTokens: number;
+  /** Sum and count of context growth per step after the first (its own learned growth). */
+  growthTokens: number;
+  growthSamples: number;
+  /** Growth expected of its next step, fixed when its last step ended (so a footprint changes only with the session). */
+  expectedGrowthTokens: number;
+  /** When its last step ended (clock ms); NaN while a step runs or before the first. */
+  idleSince: number;
+  /** How long it keeps its place once idle before it may go dormant, ms. */
+  retentionMs: number;
+  /** The client's hint for the idle gap after the step running now, ms. */
+  expectedIdleMs: number | undefined;
+  /** Its own recent idle gaps. */
+  gaps: IdleGaps | undefined;
+  /** When it was last used (clock ms), for idle expiry. */
+  touchedAt: number;
+  /** What it counts for in `heldOn`'s window now (0 when not counted). */
+  held: number;
+  heldOn: ReplicaSlots | null;
+}
+
+/** What a step asks for when it arrives: sizes for its footprint, and the client's hint for the gap after it. */
+export interface StepDemand {
+  promptTokens: number;
+  maxTokens: number;
+  /** How long the client expects to be away after this step, ms (`x-sluice-expected-idle-ms`). */
+  expectedIdleMs?: number | undefined;
 }
 
 interface StepWaiter {
@@ -51,7 +88,8 @@ interface StepWaiter {
 }
 
 interface ReplicaSlots {
-  /** null: no window (the policy admits every session at once). */
+  readonly id: string;
+  /** null: no window (the policy admits every session at once). Sessions or tokens, as the unit says. */
   size: number | null;
   /** Whether the replica takes sessions it does not already hold (healthy, fresh signals). */
   accepting: boolean;
@@ -59,9 +97,15 @@ interface ReplicaSlots {
   readonly active: SessionRecord[];
   /** Paused sessions, oldest pause first. */
   readonly paused: SessionRecord[];
+  /** Dormant sessions, oldest first. */
+  readonly dormant: SessionRecord[];
+  /** Sum of what its counted sessions hold (sessions or footprint tokens). */
+  held: number;
+  /** Sessions counted in `held`. */
+  holders: number;
 }
 
-export type SessionEventName = "admitted" | "paused" | "resumed" | "closed";
+export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
 
 export interface SessionAdmissionOptions {
   clock: Clock;
@@ -71,15 +115,25 @@ export interface SessionAdmissionOptions {
   waitLimitMs: number;
   /** A session with no step for this long is closed, ms. */
   idleTimeoutMs: number;
+  /** What windows count. Default `sessions`. */
+  unit?: AdmissionUnit;
+  /** Quantile of idle gaps taken as a retention time (0–1]. Default 0.9. */
+  retentionQuantile?: number;
   /** Most sessions remembered at once (open or closed); the least recently used beyond it are dropped. */
   maxSessions?: number;
   /** Estimated seconds until a slot frees, for Retry-After. */
   retryAfterSeconds?: () => number;
   onEvent?: (id: string, event: SessionEventName, replica: string | null) => void;
+  /** An idle session was given a retention time. */
+  onRetention?: (replica: string, retentionMs: number, source: RetentionSource) => void;
 }
+
+/** Where a retention time came from. */
+export type RetentionSource = "own" | "fleet" | "hint" | "default";
 
 /** One replica's window occupancy (see `ReplicaState.window`). */
 export interface ReplicaWindowCounts {
+  /** W for the session-count law; the count of sessions the window holds for the token window. */
   size: number | null;
   sizeTokens: number | null;
   footprintTokens: number | null;
@@ -102,42 +156,62 @@ export interface AdmissionCounts {
   queuedSteps: number;
 }
 
+/** Own idle gaps remembered per session; the fleet's. */
+const OWN_GAPS = 16;
+const FLEET_GAPS = 256;
+/**
+ * A retention is a high quantile of gaps seen; a gap just past it should not
+ * cost a session its place (and its cache, once others take the room). On
+ * `agents`, retention at the bare quantile made 58 sessions dormant moments
+ * before they came back (877 s); with this slack 20 (816 s).
+ */
+const RETENTION_SLACK = 1.5;
+/** Retention with nothing learned yet, as a share of the idle timeout. */
+const DEFAULT_RETENTION_SHARE = 1 / 4;
+
 /**
  * Admits whole sessions into per-replica windows. A step of an active session
- * passes at once; a step of a waiting or paused session waits until its session
- * holds a slot. Every wait honours an AbortSignal and the wait limit.
+ * passes at once; a step of a waiting, paused or dormant session waits until
+ * its session holds a place. Every wait honours an AbortSignal and the wait limit.
  */
 export class SessionAdmission {
   private readonly clock: Clock;
   private readonly options: SessionAdmissionOptions;
+  private readonly unit: AdmissionUnit;
+  private readonly retentionQuantile: number;
+  private readonly maxSessions: number;
   private readonly replicas = new Map<string, ReplicaSlots>();
-  private readonly sessions: LRUCache<string, SessionRecord>;
+  /** Every session, least recently touched first (re-inserted on touch), closed ones until they age out. */
+  private readonly sessions = new Map<string, SessionRecord>();
   /** First steps of sessions never admitted, in arrival order. */
   private readonly queue: StepWaiter[] = [];
+  private readonly fleetGaps = new IdleGaps(FLEET_GAPS);
+  private fleetGrowthTokens = 0;
+  private fleetGrowthSamples = 0;
   private admittedSeq = 0;
   private filling = false;
 
   constructor(options: SessionAdmissionOptions) {
     this.options = options;
     this.clock = options.clock;
-    const clock = options.clock;
-    this.sessions = new LRUCache<string, SessionRecord>({
-      max: options.maxSessions ?? 100_000,
-      ttl: options.idleTimeoutMs,
-      ttlResolution: 0,
-      updateAgeOnGet: false,
-      // lru-cache reads a start time of 0 as "no TTL"; a virtual clock starts at 0.
-      perf: { now: () => clock.now() + 1 },
-      dispose: (session, _id, reason) => {
-        if (reason === "expire" || reason === "evict") this.expire(session);
-      },
-    });
+    this.unit = options.unit ?? "sessions";
+    this.retentionQuantile = options.retentionQuantile ?? 0.9;
+    this.maxSessions = options.maxSessions ?? 100_000;
   }
 
   /** Registers a replica; `size` null means no window. */
   addReplica(id: string, size: number | null): void {
     if (this.replicas.has(id)) return;
-    this.replicas.set(id, { size, accepting: true, active: [], paused: [] });
+    this.replicas.set(id, {
+      id,
+      size,
+      accepting: true,
+      active: [],
+      paused: [],
+      dormant: [],
+      held: 0,
+      holders: 0,
+    });
   }
 
   /** Applies a new window size (and whether the replica takes new sessions), pausing or admitting as needed. */
@@ -155,10 +229,10 @@ export class SessionAdmission {
     return this.replicas.get(id)?.accepting ?? false;
   }
 
-  /** Whether the replica has room for one more session now. */
-  hasRoom(id: string): boolean {
+  /** Whether the replica has room for `session` now (for the session-count law: for one more session). */
+  hasRoom(id: string, session?: SessionRecord): boolean {
     const slots = this.replicas.get(id);
-    return slots !== undefined && this.room(slots) > 0;
+    return slots !== undefined && this.fits(slots, session);
   }
 
   /** Opens a session (state `waiting`); an id that is open already is returned as it is. */
@@ -180,26 +254,39 @@ export class SessionAdmission {
       movedFrom: null,
       waiters: [],
       routing: undefined,
+      demandTokens: 0,
+      growthTokens: 0,
+      growthSamples: 0,
+      expectedGrowthTokens: 0,
+      idleSince: Number.NaN,
+      retentionMs: 0,
+      expectedIdleMs: undefined,
+      gaps: undefined,
+      touchedAt: this.clock.now(),
+      held: 0,
+      heldOn: null,
     };
+    this.sessions.delete(id);
     this.sessions.set(id, session);
+    this.bound();
     return session;
   }
 
   /** The session with this id, closed ones included while remembered. */
   get(id: string): SessionRecord | undefined {
-    return this.sessions.get(id, { allowStale: true });
+    return this.sessions.get(id);
   }
 
   view(session: SessionRecord): SessionView {
     const view: SessionView = {
       id: session.id,
-      state: session.state,
+      state: publicState(session.state),
       replica: session.replica,
       steps: session.steps,
       tokens: session.tokens,
-      phase: session.state === "active" && session.running === 0 ? "idle" : session.state,
-      footprint_tokens: 0,
-      retention_ms: 0,
+      phase: phaseOf(session),
+      footprint_tokens: tokenFootprint(session),
+      retention_ms: session.retentionMs,
     };
     if (session.lane) view.lane = session.lane;
     if (session.metadata) view.metadata = session.metadata;
@@ -209,19 +296,22 @@ export class SessionAdmission {
   /**
    * Waits until `session` may run a step and returns the replica it is pinned
    * to. `choose` picks a replica among those with room when the session has
-   * none yet. Rejects with `Refusal` (`session_queue_full`, `queue_timeout`,
-   * `session_not_found`) or the signal's abort reason.
+   * none yet; `demand` sizes the step for a token window. Rejects with
+   * `Refusal` (`session_queue_full`, `queue_timeout`, `session_not_found`) or
+   * the signal's abort reason.
    */
   acquireStep(
     session: SessionRecord,
     choose: (candidates: readonly string[]) => string | undefined,
     signal?: AbortSignal,
+    demand?: StepDemand,
   ): Promise<string> {
     signal?.throwIfAborted();
     if (session.state === "closed") {
       return Promise.reject(new Refusal("session_not_found", `session ${session.id} is closed`));
     }
     this.touch(session);
+    this.arrive(session, demand);
     if (session.state === "active" && session.replica !== null) {
       const slots = this.replicas.get(session.replica);
       if (!session.pauseRequested || session.running > 0 || !slots) {
@@ -232,13 +322,15 @@ export class SessionAdmission {
       this.pause(session, slots);
     }
     if (session.state === "waiting") {
-      const candidates = this.candidates();
-      if (candidates.length > 0 && this.queue.length === 0) {
-        const replica = choose(candidates);
-        if (replica !== undefined && this.hasRoom(replica)) {
-          this.activate(session, replica, "admitted");
-          session.running++;
-          return Promise.resolve(replica);
+      if (this.queue.length === 0) {
+        const candidates = this.candidates(session);
+        if (candidates.length > 0) {
+          const replica = choose(candidates);
+          if (replica !== undefined && candidates.includes(replica)) {
+            this.activate(session, replica, "admitted");
+            session.running++;
+            return Promise.resolve(replica);
+          }
         }
       }
       const alreadyQueued = session.waiters.some((waiter) => waiter.queued);
@@ -262,18 +354,31 @@ export class SessionAdmission {
     session.running = Math.max(0, session.running - 1);
     if (outcome.completed) {
       session.steps++;
-      if (outcome.contextTokens !== undefined) session.tokens = outcome.contextTokens;
+      if (outcome.contextTokens !== undefined) {
+        if (session.steps > 1) this.learnGrowth(session, outcome.contextTokens - session.tokens);
+        session.tokens = outcome.contextTokens;
+      }
+      session.expectedGrowthTokens = this.expectedGrowth(session);
+    }
+    if (session.running === 0 && session.waiters.length === 0) {
+      session.demandTokens = 0;
+      session.idleSince = this.clock.now();
+      this.retain(session);
     }
     if (session.state === "closed") return;
     this.touch(session);
-    if (session.state === "active" && session.pauseRequested && session.running === 0 && session.replica) {
-      const slots = this.replicas.get(session.replica);
-      if (slots) this.pause(session, slots);
-      this.fill();
-    }
+    this.account(session);
+    const slots = session.replica ? this.replicas.get(session.replica) : undefined;
+    if (!slots) return;
+    // A footprint that grew here is enforced on the next control tick, not at once: pausing on every
+    // step's end made sessions flap in and out at each boundary (measured: 299 pauses against 196
+    // and 7 % longer makespan on `agents`).
+    if (session.state === "active" && session.pauseRequested && session.running === 0)
+      this.pause(session, slots);
+    this.fill();
   }
 
-  /** Moves an active session's slot to another replica (an affinity break). */
+  /** Moves an active session's place to another replica (an affinity break). */
   rebind(session: SessionRecord, replica: string): void {
     if (session.state !== "active" || session.replica === replica) return;
     const from = session.replica ? this.replicas.get(session.replica) : undefined;
@@ -283,20 +388,39 @@ export class SessionAdmission {
     insertByAdmission(to.active, session);
     session.replica = replica;
     session.pauseRequested = false;
+    this.account(session);
     this.fill();
   }
 
-  /** Closes a session: frees its slot at once and wakes the next. Returns false for an unknown id. */
+  /** Closes a session: frees its place at once and wakes the next. Returns false for an unknown id. */
   close(id: string): boolean {
-    const session = this.sessions.get(id, { allowStale: true });
+    const session = this.sessions.get(id);
     if (!session || session.state === "closed") return false;
     this.shut(session, "closed by client");
     return true;
   }
 
-  /** Expires sessions idle past the timeout (called on every control tick). */
+  /**
+   * The control tick's housekeeping: closes sessions idle past the timeout
+   * (the map is in touch order, so it stops at the first fresh one), forgets
+   * closed ones as old, and lets idle sessions past their retention go
+   * dormant while others wait.
+   */
   sweep(): void {
-    this.sessions.purgeStale();
+    const now = this.clock.now();
+    for (const session of this.sessions.values()) {
+      if (now - session.touchedAt < this.options.idleTimeoutMs) break;
+      if (session.state === "closed") {
+        this.sessions.delete(session.id);
+      } else if (session.running > 0 || session.waiters.length > 0) {
+        // A session with a step in flight or waiting is not idle; it goes to the back.
+        this.touch(session);
+      } else {
+        this.shut(session, "expired");
+        this.touch(session);
+      }
+    }
+    this.reclaimIdle();
   }
 
   counts(): AdmissionCounts {
@@ -324,7 +448,7 @@ export class SessionAdmission {
   /** Window occupancy of one replica. */
   replicaCounts(id: string): ReplicaWindowCounts {
     const slots = this.replicas.get(id);
-    if (!slots)
+    if (!slots) {
       return {
         size: null,
         sizeTokens: null,
@@ -335,20 +459,57 @@ export class SessionAdmission {
         paused: 0,
         waiting: 0,
       };
-    let waiting = 0;
-    for (const session of slots.paused) waiting += session.waiters.length > 0 ? 1 : 0;
+    }
+    let waiting = this.queue.length;
+    for (const session of slots.paused) if (session.waiters.length > 0) waiting++;
+    for (const session of slots.dormant) if (session.waiters.length > 0) waiting++;
     let idle = 0;
     for (const session of slots.active) if (session.running === 0) idle++;
+    const tokens = this.unit === "tokens";
     return {
-      size: slots.size,
-      sizeTokens: null,
-      footprintTokens: null,
+      size: tokens ? (slots.size === null ? null : slots.holders) : slots.size,
+      sizeTokens: tokens ? slots.size : null,
+      footprintTokens: tokens ? slots.held : null,
       active: slots.active.length,
       idle,
-      dormant: 0,
+      dormant: slots.dormant.length,
       paused: slots.paused.length,
-      waiting: waiting + this.queue.length,
+      waiting,
     };
+  }
+
+  /**
+   * This frontend's demand on a replica's window in its unit, for a window
+   * shared by several frontends: what its active sessions hold, what its
+   * paused ones would, and what the sessions waiting for any replica ask.
+   */
+  windowDemand(id: string): { active: number; paused: number; waiting: number } {
+    const slots = this.replicas.get(id);
+    if (!slots) return { active: 0, paused: 0, waiting: 0 };
+    if (this.unit === "sessions") {
+      return { active: slots.active.length, paused: slots.paused.length, waiting: this.queue.length };
+    }
+    let paused = 0;
+    for (const session of slots.paused) paused += tokenFootprint(session);
+    for (const session of slots.dormant) if (session.waiters.length > 0) paused += tokenFootprint(session);
+    let waiting = 0;
+    for (const waiter of this.queue) waiting += tokenFootprint(waiter.session);
+    return { active: slots.held, paused, waiting };
+  }
+
+  /** The largest footprint among a replica's active sessions, tokens (the token law's floor). */
+  largestFootprint(id: string): number {
+    const slots = this.replicas.get(id);
+    let largest = 0;
+    if (slots) for (const session of slots.active) largest = Math.max(largest, tokenFootprint(session));
+    return largest;
+  }
+
+  /** Whether sessions wait for room that this replica could give (new ones anywhere, or its own returning ones). */
+  waitingFor(id: string): boolean {
+    const slots = this.replicas.get(id);
+    if (!slots) return false;
+    return this.queue.length > 0 || hasWaiter(slots.paused) || hasWaiter(slots.dormant);
   }
 
   /** Sessions waiting for a first admission. */
@@ -356,59 +517,188 @@ export class SessionAdmission {
     return this.queue.length;
   }
 
-  private room(slots: ReplicaSlots): number {
-    if (!slots.accepting) return 0;
-    if (slots.size === null) return Number.POSITIVE_INFINITY;
-    let holding = 0;
-    for (const session of slots.active) if (!session.pauseRequested) holding++;
-    return slots.size - holding;
+  /** What a session holds in a window: one place for the session-count law, its footprint for the token window. */
+  footprint(session: SessionRecord): number {
+    return this.unit === "sessions" ? 1 : tokenFootprint(session);
   }
 
-  private candidates(): string[] {
+  /** Its own mean growth per step after the first; else the fleet's; else its first step's size. */
+  private expectedGrowth(session: SessionRecord): number {
+    if (session.growthSamples > 0) return Math.round(session.growthTokens / session.growthSamples);
+    if (this.fleetGrowthSamples > 0) return Math.round(this.fleetGrowthTokens / this.fleetGrowthSamples);
+    return session.tokens;
+  }
+
+  private learnGrowth(session: SessionRecord, growth: number): void {
+    if (!(growth >= 0)) return;
+    session.growthTokens += growth;
+    session.growthSamples++;
+    this.fleetGrowthTokens += growth;
+    this.fleetGrowthSamples++;
+  }
+
+  /** A step arrived: records the idle gap it ends and sizes the session's footprint by the step. */
+  private arrive(session: SessionRecord, demand: StepDemand | undefined): void {
+    if (Number.isFinite(session.idleSince)) {
+      const gap = this.clock.now() - session.idleSince;
+      session.gaps ??= new IdleGaps(OWN_GAPS);
+      session.gaps.record(gap);
+      this.fleetGaps.record(gap);
+      session.idleSince = Number.NaN;
+    }
+    if (demand) {
+      session.demandTokens = Math.max(session.demandTokens, demand.promptTokens + demand.maxTokens);
+      session.expectedIdleMs = demand.expectedIdleMs;
+    }
+    this.account(session);
+  }
+
+  /** Gives an idle session its retention time: the client's hint, its own gaps, the fleet's, or a default. */
+  private retain(session: SessionRecord): void {
+    const q = this.retentionQuantile;
+    const hint = session.expectedIdleMs;
+    session.expectedIdleMs = undefined;
+    let source: RetentionSource;
+    let retention: number;
+    const own = session.gaps?.quantile(q);
+    const fleet = this.fleetGaps.quantile(q);
+    if (hint !== undefined) {
+      source = "hint";
+      retention = hint;
+    } else if (own !== undefined) {
+      source = "own";
+      retention = own;
+    } else if (fleet !== undefined) {
+      source = "fleet";
+      retention = fleet;
+    } else {
+      source = "default";
+      retention = this.options.idleTimeoutMs * DEFAULT_RETENTION_SHARE;
+    }
+    if (source === "own" || source === "fleet") retention *= RETENTION_SLACK;
+    session.retentionMs = Math.min(this.options.idleTimeoutMs, Math.max(0, retention));
+    if (this.unit === "tokens" && session.state === "active" && session.replica !== null) {
+      this.options.onRetention?.(session.replica, session.retentionMs, source);
+    }
+  }
+
+  /** Whether `session` fits in the replica's window now. */
+  private fits(slots: ReplicaSlots, session: SessionRecord | undefined): boolean {
+    if (!slots.accepting) return false;
+    if (slots.size === null) return true;
+    const own = session && session.heldOn === slots ? session.held : 0;
+    const need = session ? this.footprint(session) : 1;
+    if (slots.held - own + need <= slots.size) return true;
+    // A session larger than the token window is admitted alone, so nothing starves.
+    return this.unit === "tokens" && slots.holders - (own > 0 ? 1 : 0) === 0;
+  }
+
+  /**
+   * Replicas a session never admitted may start on: room for it, and nobody
+   * returning there first — unless its step has waited half the wait limit.
+   */
+  private candidates(session: SessionRecord): string[] {
     const ids: string[] = [];
-    for (const [id, slots] of this.replicas) if (this.room(slots) > 0) ids.push(id);
+    const starving = this.starving(session);
+    for (const [id, slots] of this.replicas) {
+      if ((starving || !this.returningWait(slots)) && this.fits(slots, session)) ids.push(id);
+    }
     return ids;
   }
 
+  /**
+   * Whether a session's oldest waiting step has waited half the wait limit.
+   * Such a step goes before every priority group, so that no order between
+   * groups can starve it into a `queue_timeout`.
+   */
+  private starving(session: SessionRecord): boolean {
+    const first = session.waiters[0];
+    return first !== undefined && this.clock.now() - first.enqueuedAt >= this.options.waitLimitMs / 2;
+  }
+
+  /** Paused sessions, or dormant ones with a step waiting, still wait for this replica (they go before new ones). */
+  private returningWait(slots: ReplicaSlots): boolean {
+    return slots.paused.length > 0 || hasWaiter(slots.dormant);
+  }
+
+  /** Re-inserts the session last in the map (touch order) and stamps it. */
   private touch(session: SessionRecord): void {
-    // Re-setting refreshes the idle TTL without disposing the record.
-    this.sessions.set(session.id, session, { noDisposeOnSet: true });
+    session.touchedAt = this.clock.now();
+    this.sessions.delete(session.id);
+    this.sessions.set(session.id, session);
+  }
+
+  /** Keeps at most `maxSessions`: forgets the least recently touched, closing open ones. */
+  private bound(): void {
+    for (const session of this.sessions.values()) {
+      if (this.sessions.size <= this.maxSessions) return;
+      if (session.running > 0 || session.waiters.length > 0) continue;
+      if (session.state !== "closed") this.shut(session, "evicted");
+      this.sessions.delete(session.id);
+    }
+  }
+
+  /** Brings what a session counts for in its replica's window up to date: the one place `held` changes. */
+  private account(session: SessionRecord): void {
+    const slots =
+      session.state === "active" && !session.pauseRequested && session.replica !== null
+        ? this.replicas.get(session.replica)
+        : undefined;
+    const amount = slots ? this.footprint(session) : 0;
+    const before = session.heldOn;
+    if (before) {
+      before.held -= session.held;
+      before.holders--;
+    }
+    session.held = amount;
+    session.heldOn = slots ?? null;
+    if (slots) {
+      slots.held += amount;
+      slots.holders++;
+    }
   }
 
   private activate(session: SessionRecord, replica: string, event: "admitted" | "resumed"): void {
     const slots = this.replicas.get(replica);
     if (!slots) return;
-    if (session.state === "paused") {
-      const from = session.replica ? this.replicas.get(session.replica) : undefined;
-      if (from) removeFrom(from.paused, session);
-    }
+    const from = session.replica ? this.replicas.get(session.replica) : undefined;
+    if (from && session.state === "paused") removeFrom(from.paused, session);
+    if (from && session.state === "dormant") removeFrom(from.dormant, session);
     if (event === "admitted") session.admittedSeq = ++this.admittedSeq;
     session.state = "active";
     session.replica = replica;
     session.pauseRequested = false;
     insertByAdmission(slots.active, session);
+    this.account(session);
     this.options.onEvent?.(session.id, event, replica);
     for (const waiter of session.waiters.splice(0)) this.settle(waiter, replica);
   }
 
-  private pause(session: SessionRecord, slots: ReplicaSlots): void {
+  /** Takes a session out of its window: paused (the window shrank) or dormant (idle past its retention). */
+  private leave(session: SessionRecord, slots: ReplicaSlots, to: "paused" | "dormant"): void {
     removeFrom(slots.active, session);
-    session.state = "paused";
+    session.state = to;
     session.pauseRequested = false;
     session.pausedAt = this.clock.now();
-    slots.paused.push(session);
-    this.options.onEvent?.(session.id, "paused", session.replica);
+    (to === "paused" ? slots.paused : slots.dormant).push(session);
+    this.account(session);
+    this.options.onEvent?.(session.id, to, session.replica);
   }
 
-  /** The window is smaller than the sessions it holds: mark the youngest to pause at their next boundary. */
+  private pause(session: SessionRecord, slots: ReplicaSlots): void {
+    this.leave(session, slots, "paused");
+  }
+
+  /** The window holds more than its size: choose who leaves at their next step boundary. */
   private enforce(slots: ReplicaSlots): void {
-    if (slots.size === null) return;
-    let excess = -this.room(slots);
-    for (let i = slots.active.length - 1; i >= 0 && excess > 0; i--) {
-      const session = slots.active[i]!;
+    if (slots.size === null || slots.held <= slots.size) return;
+    for (const session of this.leaveOrder(slots)) {
+      if (slots.held <= slots.size) break;
+      // A lone session is never asked to leave the token window: nothing would run.
+      if (this.unit === "tokens" && slots.holders <= 1) break;
       if (session.pauseRequested) continue;
       session.pauseRequested = true;
-      excess--;
+      this.account(session);
     }
     for (const session of [...slots.active]) {
       if (session.pauseRequested && session.running === 0) this.pause(session, slots);
@@ -416,8 +706,64 @@ export class SessionAdmission {
   }
 
   /**
-   * Room opened: un-pause pending pauses, resume paused sessions (oldest first), then admit waiting
-   * ones; room still left over takes paused sessions of replicas without room (`resumeElsewhere`).
+   * Who leaves first. Session-count law: the youngest. Token window (SPEC 6):
+   * idle sessions past their retention, then idle ones expected back latest,
+   * then the youngest of those running.
+   */
+  private leaveOrder(slots: ReplicaSlots): SessionRecord[] {
+    const youngestFirst = [...slots.active].reverse();
+    if (this.unit === "sessions") return youngestFirst;
+    const now = this.clock.now();
+    const idle = youngestFirst.filter((session) => session.running === 0 && session.waiters.length === 0);
+    const busy = youngestFirst.filter((session) => !(session.running === 0 && session.waiters.length === 0));
+    const backAt = (session: SessionRecord) => session.idleSince + session.retentionMs;
+    idle.sort((a, b) => {
+      const pastA = backAt(a) <= now;
+      const pastB = backAt(b) <= now;
+      if (pastA !== pastB) return pastA ? -1 : 1;
+      return backAt(b) - backAt(a);
+    });
+    return [...idle, ...busy];
+  }
+
+  /**
+   * Paused sessions in the order they resume. Session-count law: oldest pause
+   * first (CONCUR). Token window: the most recently paused first — its cache
+   * is the most likely still resident, while an older pause's was evicted
+   * already and costs the same recompute later; the aging rule in `fill`
+   * keeps the oldest from starving. On `agents` (seed 1): oldest first 914 s,
+   * hit rate 0.80; smallest footprint first 934 s; newest first 877 s, 0.85.
+   */
+  private resumeOrder(paused: readonly SessionRecord[]): readonly SessionRecord[] {
+    return this.unit === "sessions" ? paused : [...paused].reverse();
+  }
+
+  /**
+   * While others wait for room, idle sessions past their retention go dormant:
+   * they leave the window (their footprint stops counting) and keep their pin.
+   */
+  private reclaimIdle(): void {
+    if (this.unit !== "tokens") return;
+    const now = this.clock.now();
+    let freed = false;
+    for (const slots of this.replicas.values()) {
+      if (!this.waitingFor(slots.id)) continue;
+      for (const session of [...slots.active]) {
+        if (session.running > 0 || session.waiters.length > 0) continue;
+        if (now - session.idleSince < session.retentionMs) continue;
+        this.leave(session, slots, "dormant");
+        freed = true;
+      }
+    }
+    if (freed) this.fill();
+  }
+
+  /**
+   * Room opened. Per replica: pending pauses withdrawn while they fit, then
+   * paused sessions (oldest pause first), then dormant ones with a step waiting
+   * (oldest first); then sessions never admitted, in arrival order; room left
+   * over takes returning sessions stranded where there is none (`resumeElsewhere`).
+   * Within each group no one overtakes: the head waits for room that fits it.
    */
   private fill(): void {
     if (this.filling) return;
@@ -425,18 +771,32 @@ export class SessionAdmission {
     try {
       for (const slots of this.replicas.values()) {
         for (const session of slots.active) {
-          if (this.room(slots) <= 0) break;
-          if (session.pauseRequested) session.pauseRequested = false;
+          if (!session.pauseRequested) continue;
+          session.pauseRequested = false;
+          this.account(session);
+          if (slots.size !== null && slots.held > slots.size) {
+            session.pauseRequested = true;
+            this.account(session);
+            break;
+          }
         }
-        while (slots.paused.length > 0 && this.room(slots) > 0) {
-          const session = slots.paused[0]!;
-          this.activate(session, session.replica!, "resumed");
+        for (const session of [...slots.paused, ...slots.dormant]) {
+          if (this.starving(session) && this.fits(slots, session))
+            this.activate(session, slots.id, "resumed");
+        }
+        for (const session of this.resumeOrder(slots.paused)) {
+          if (!this.fits(slots, session)) break;
+          this.activate(session, slots.id, "resumed");
+        }
+        for (const session of returningOrder(slots.dormant)) {
+          if (!this.fits(slots, session)) break;
+          this.activate(session, slots.id, "resumed");
         }
       }
       while (this.queue.length > 0) {
-        const candidates = this.candidates();
-        if (candidates.length === 0) break;
         const waiter = this.queue[0]!;
+        const candidates = this.candidates(waiter.session);
+        if (candidates.length === 0) break;
         const replica = waiter.choose(candidates);
         if (replica === undefined || !candidates.includes(replica)) break;
         this.queue.shift();
@@ -450,31 +810,33 @@ export class SessionAdmission {
   }
 
   /**
-   * Cache affinity is load: a paused session with a step waiting, pinned to a
-   * replica whose window has no room, resumes on a replica that has room once
-   * nothing else wants that room (its own paused sessions and every waiting
-   * session went first). A slot left empty is throughput lost, while the
-   * paused session's cache is being evicted on its old replica anyway; the
-   * step pays a recompute where it lands. Oldest pause first.
+   * Cache affinity is load: a paused or dormant session with a step waiting,
+   * pinned to a replica without room for it, resumes on a replica that has
+   * room once nothing else wants that room (its own returning sessions and
+   * every waiting session went first). A place left empty is throughput
+   * lost, while the session's cache is being evicted on its old replica
+   * anyway; the step pays a recompute where it lands. Oldest first.
    */
   private resumeElsewhere(): void {
     if (this.queue.length > 0) return;
     const stranded: SessionRecord[] = [];
     for (const slots of this.replicas.values()) {
-      if (this.room(slots) > 0) continue;
-      for (const session of slots.paused) if (session.waiters.length > 0) stranded.push(session);
+      for (const session of slots.paused) {
+        if (session.waiters.length > 0 && !this.fits(slots, session)) stranded.push(session);
+      }
+      for (const session of slots.dormant) {
+        if (session.waiters.length > 0 && !this.fits(slots, session)) stranded.push(session);
+      }
     }
     if (stranded.length === 0) return;
     stranded.sort((a, b) => a.pausedAt - b.pausedAt);
-    // A stranded session's own replica has no room, so it is never among the candidates.
-    let candidates = this.candidates();
     for (const session of stranded) {
-      if (candidates.length === 0) return;
+      const candidates = this.candidates(session);
+      if (candidates.length === 0) continue;
       const replica = session.waiters[0]!.choose(candidates);
       if (replica === undefined || !candidates.includes(replica)) continue;
       session.movedFrom = session.replica;
       this.activate(session, replica, "resumed");
-      if (!this.hasRoom(replica)) candidates = candidates.filter((id) => id !== replica);
     }
   }
 
@@ -505,7 +867,7 @@ export class SessionAdmission {
           waiter,
           new Refusal(
             "queue_timeout",
-            `the session waited ${this.options.waitLimitMs} ms for a window slot`,
+            `the session waited ${this.options.waitLimitMs} ms for room in a window`,
             {
               retryAfterSeconds: this.options.retryAfterSeconds?.() ?? 1,
             },
@@ -518,6 +880,8 @@ export class SessionAdmission {
         waiter.detachSignal = () => signal.removeEventListener("abort", onAbort);
       }
       this.fill();
+      // Still waiting: idle sessions past their retention make room now rather than at the next tick.
+      if (!waiter.done) this.reclaimIdle();
     });
   }
 
@@ -536,31 +900,26 @@ export class SessionAdmission {
     waiter.done = true;
     waiter.cancelTimer?.();
     waiter.detachSignal?.();
-    removeFrom(waiter.session.waiters, waiter);
+    const session = waiter.session;
+    removeFrom(session.waiters, waiter);
     if (waiter.queued) {
       removeFrom(this.queue, waiter);
       waiter.queued = false;
       // Another step of the same session may still wait: it takes the queue place.
-      const next = waiter.session.waiters[0];
-      if (next && waiter.session.state === "waiting") {
+      const next = session.waiters[0];
+      if (next && session.state === "waiting") {
         next.queued = true;
         insertByEnqueue(this.queue, next);
       }
     }
+    if (session.running === 0 && session.waiters.length === 0 && session.demandTokens > 0) {
+      // The step never ran: the session is idle again, sized by its context.
+      session.demandTokens = 0;
+      session.idleSince = this.clock.now();
+      this.account(session);
+    }
     waiter.reject(error);
     this.fill();
-  }
-
-  private expire(session: SessionRecord): void {
-    if (session.state === "closed") return;
-    if (session.running > 0 || session.waiters.length > 0) {
-      // A session with a step in flight is not idle: keep it.
-      queueMicrotask(() => {
-        if (session.state !== "closed") this.sessions.set(session.id, session, { noDisposeOnSet: true });
-      });
-      return;
-    }
-    this.shut(session, "expired");
   }
 
   private shut(session: SessionRecord, why: string): void {
@@ -568,15 +927,48 @@ export class SessionAdmission {
     if (slots) {
       removeFrom(slots.active, session);
       removeFrom(slots.paused, session);
+      removeFrom(slots.dormant, session);
     }
     session.state = "closed";
     session.pauseRequested = false;
+    this.account(session);
     for (const waiter of [...session.waiters]) {
       this.drop(waiter, new Refusal("session_not_found", `session ${session.id} was ${why}`));
     }
     this.options.onEvent?.(session.id, "closed", session.replica);
     this.fill();
   }
+}
+
+/**
+ * A session's cache footprint on its replica, tokens (SPEC 6): the prompt plus
+ * `max_tokens` of a step waiting or running (the most it can hold then), else
+ * its context plus the growth expected of its next step.
+ */
+export function tokenFootprint(session: SessionRecord): number {
+  if (session.demandTokens > 0) return Math.max(session.demandTokens, session.tokens);
+  return session.tokens + session.expectedGrowthTokens;
+}
+
+function publicState(state: SessionStatus): SessionState {
+  return state === "dormant" ? "paused" : state;
+}
+
+function phaseOf(session: SessionRecord): SessionPhase {
+  if (session.state === "active") return session.running > 0 ? "active" : "idle";
+  return session.state;
+}
+
+function hasWaiter(sessions: readonly SessionRecord[]): boolean {
+  for (const session of sessions) if (session.waiters.length > 0) return true;
+  return false;
+}
+
+/** Dormant sessions with a step waiting, the longest waiting first. */
+function returningOrder(dormant: readonly SessionRecord[]): SessionRecord[] {
+  const returning = dormant.filter((session) => session.waiters.length > 0);
+  if (returning.length > 1) returning.sort((a, b) => a.waiters[0]!.enqueuedAt - b.waiters[0]!.enqueuedAt);
+  return returning;
 }
 
 function removeFrom<T>(list: T[], item: T): void {

@@ -24,6 +24,7 @@ import { HEADERS, SUBJECTS } from "../../adapters/nats/protocol.js";
 import { createTokenizer } from "../../adapters/tokenizers/index.js";
 import { realClock } from "../../src/clock.js";
 import { Scheduler } from "../../src/scheduler.js";
+import type { AdminState } from "../../src/types.js";
 import {
   assertQuiescent,
   checkRefusal,
@@ -350,23 +351,23 @@ describe("clients that disconnect while queued, while waiting for the first toke
     });
     const s = server;
     const controllers: AbortController[] = [];
-    const open = (body: unknown) => {
+    type Outcome = { status: number; reader?: ReadableStreamDefaultReader<Uint8Array>; failure?: string };
+    // Settles to an outcome, never a rejection: hundreds of these wait while the test does other
+    // things, and a failure must reach the assertions below, not escape as an unhandled rejection.
+    const open = async (body: unknown): Promise<Outcome> => {
       const controller = new AbortController();
       controllers.push(controller);
-      return post(s.url, body, {}, controller.signal).then(
-        async (response) => {
-          if (response.status !== 200) {
-            checkRefusal(response.status, response.headers, await response.text());
-            return { status: response.status, reader: undefined };
-          }
-          const reader = response.body!.getReader();
-          return { status: 200, reader };
-        },
-        (error: Error) => {
-          if (error.name !== "AbortError") throw error;
-          return { status: 0, reader: undefined };
-        },
-      );
+      try {
+        const response = await post(s.url, body, {}, controller.signal);
+        if (response.status !== 200) {
+          checkRefusal(response.status, response.headers, await response.text());
+          return { status: response.status };
+        }
+        return { status: 200, reader: response.body!.getReader() };
+      } catch (error) {
+        if ((error as Error).name === "AbortError") return { status: 0 };
+        return { status: 0, failure: String(error) };
+      }
     };
     // Mid-stream: twelve long generations, each past its first chunks.
     const streaming = await Promise.all(
@@ -375,7 +376,7 @@ describe("clients that disconnect while queued, while waiting for the first toke
       ),
     );
     for (const call of streaming) {
-      assert.equal(call.status, 200);
+      assert.equal(call.status, 200, call.failure);
       await call.reader!.read();
       await call.reader!.read();
     }
@@ -399,6 +400,11 @@ describe("clients that disconnect while queued, while waiting for the first toke
     for (const controller of controllers) controller.abort();
     const outcomes = await Promise.all([...prefilling, ...queued]);
     for (const call of [...streaming, ...outcomes]) await call.reader?.cancel().catch(() => {});
+    assert.deepEqual(
+      outcomes.flatMap((o) => (o.failure ? [o.failure] : [])),
+      [],
+      "every call ended in a response or in its client leaving",
+    );
     assert.ok(!outcomes.some((o) => o.status >= 500), "no 5xx");
     await until(
       () => {
@@ -604,6 +610,8 @@ describe("SIGTERM to a served process under load", () => {
     ]);
     const match = await serve.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
     const url = `http://127.0.0.1:${match[1]}`;
+    // Each call settles to a result, never a rejection: one that failed early must not go unhandled
+    // while the test is still waiting for the others to reach the server.
     const inFlight = Array.from({ length: 24 }, (_, i) =>
       (async () => {
         const response = await post(
@@ -612,10 +620,14 @@ describe("SIGTERM to a served process under load", () => {
           i % 3 === 0 ? { "x-session-id": `drain-${i}` } : {},
         );
         return { status: response.status, text: await response.text() };
-      })(),
+      })().catch((error: unknown) => ({ status: 0, text: `failed: ${String(error)}` })),
     );
-    // Some are streaming, the rest queued at the per-rank limits.
-    await pause(300);
+    // Signal only once every call reached a gate (some streaming, the rest queued at the per-rank
+    // limits), however long a busy machine takes to get them there.
+    await until(async () => {
+      const state = (await (await fetch(`${url}/v1/admin/state`)).json()) as AdminState;
+      return state.replicas.reduce((n, r) => n + r.gate.counters.received, 0) >= inFlight.length;
+    }, "every call received by a gate");
     serve.child.kill("SIGTERM");
     await serve.waitFor(/SIGTERM, shutting down/);
     // New calls: the listener is closed (connection refused) or a kept-alive connection gets 503 unavailable.

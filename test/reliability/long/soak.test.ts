@@ -1,22 +1,27 @@
 /**
- * @module Overload soak in CI: the embedded fleet at 1.5 × its sustainable load for 60 s of real time
- * (`SOAK_TEST_SECONDS` to change). Asserts correctness — every refusal a SPEC 8 envelope, no errors,
- * nothing held afterwards — and only generous sanity bounds on the measured figures, which are
- * recorded in `test/artifacts/reliability.json` (the README's table comes from `bench/soak.ts`).
+ * @module Overload soak, part of `npm run test:reliability` (not `npm test`): the embedded fleet at
+ * 1.5 × its sustainable load for 60 s of real time (`SOAK_TEST_SECONDS` to change). Asserts
+ * correctness — every refusal a SPEC 8 envelope, no errors, nothing held afterwards, bounded heap —
+ * and nothing that depends on how fast the machine is: SLO attainment and event-loop lag measure the
+ * machine as much as sluice, so they are reported (test diagnostics and
+ * `test/artifacts/reliability.json`), never asserted. docs/reliability.md has the figures of record.
  */
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { formatSoakTable, runSoakBench } from "../../bench/soak.js";
-import { recordFigures } from "./helpers.js";
+import { formatSoakTable, runSoakBench } from "../../../bench/soak.js";
+import { recordFigures } from "../helpers.js";
 
 const SECONDS = Number(process.env.SOAK_TEST_SECONDS ?? "60");
 
-test(`${SECONDS} s at 1.5 × the sustainable load: admitted calls keep their SLO, refusals are fast and well-formed, nothing leaks`, async () => {
+test(`${SECONDS} s at 1.5 × the sustainable load: no errors, refusals well-formed, nothing leaks`, async (t) => {
   const result = await runSoakBench({ seconds: SECONDS, loadFactor: 1.5 });
   await recordFigures("soak", result);
   const table = formatSoakTable(result);
   if (process.env.SOAK_PRINT) process.stderr.write(`${table}\n`);
+  t.diagnostic(
+    `SLO attainment ${result.sloAttainment}, event-loop lag p99 ${result.eventLoopLagP99} ms, heap growth ${result.heapGrowthMiB} MiB`,
+  );
 
   assert.equal(result.errors, 0, `errors under overload: ${result.errorSamples.join("; ")}\n${table}`);
   assert.equal(result.malformedRefusals, 0, `refusals without a SPEC 8 envelope\n${table}`);
@@ -36,8 +41,6 @@ test(`${SECONDS} s at 1.5 × the sustainable load: admitted calls keep their SLO
     { permits: 0, reservations: 0, windowSlots: 0, queued: 0, trackedCalls: 0 },
     table,
   );
-  // Sanity bounds only (a busy CI machine shares its two cores): the real figures are in the artifact.
-  assert.ok(result.sloAttainment >= 0.5, `SLO attainment ${result.sloAttainment}\n${table}`);
+  // Memory does not depend on the machine's speed; a generous bound catches a leak.
   assert.ok(result.heapGrowthMiB < 256, `heap grew ${result.heapGrowthMiB} MiB\n${table}`);
-  assert.ok(result.eventLoopLagP99 < 2000, `event-loop lag p99 ${result.eventLoopLagP99} ms\n${table}`);
 });

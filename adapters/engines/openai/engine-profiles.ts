@@ -1,0 +1,405 @@
+/**
+ * @module Engine profiles: which of vLLM's and SGLang's series mean what, across
+ * their versions, and which signals a page leaves unknown.
+ *
+ * One rule runs through it: the engine's own statement wins over a value
+ * derived from other series, and a series the page does not carry is
+ * unknown, never zero. A zero read from a missing series is a measurement
+ * sluice would act on (a hit rate of 0 cuts the session window, a KV usage of
+ * 0 grows it); an unknown one is reported as such and left to the operator.
+ */
+
+import type { EngineSignals } from "../../../src/engine.js";
+import type { MetricSample, ParsedExposition } from "./metrics-parser.js";
+
+/** Which engine a page came from. */
+export type EngineFlavor = "vllm" | "sglang";
+
+/** Signals a page may fail to state; `prefixCache` covers both prefix-cache counters. */
+export type SignalField =
+  | "kvUsage"
+  | "prefixCache"
+  | "running"
+  | "waiting"
+  | "preemptions"
+  | "kvCapacityTokens"
+  | "blockSize"
+  | "maxNumSeqs";
+
+/** Where the KV capacity of a page came from. */
+export type CapacitySource = "engine" | "derived" | "unknown";
+
+/** Signals read from one scrape: everything but the scrape time and health, which the scraper owns. */
+export type ScrapedSignals = Omit<
+  EngineSignals,
+  "readAtMs" | "healthy" | "profile" | "unknown" | "kvCapacitySource"
+> & {
+  flavor: EngineFlavor;
+  /** `vllm-v0`, `vllm-v1`, `vllm` (generation not told apart), `sglang`, `sglang-legacy`; `+hybrid` for attention + mamba models. */
+  profile: string;
+  /** Signals the page does not carry; their fields hold placeholders (0, or 1 for the data-parallel size). */
+  unknown: SignalField[];
+  kvCapacitySource: CapacitySource;
+};
+
+/** Samples grouped by name, for lookups by metric. */
+type ByName = Map<string, MetricSample[]>;
+
+function groupByName(samples: readonly MetricSample[]): ByName {
+  const byName: ByName = new Map();
+  for (const sample of samples) {
+    const list = byName.get(sample.name);
+    if (list) list.push(sample);
+    else byName.set(sample.name, [sample]);
+  }
+  return byName;
+}
+
+/**
+ * Labels along which an engine repeats one logical value: SGLang exports its
+ * scheduler gauges once per tensor-parallel (and expert-parallel) worker, so
+ * summing over them would count each request TP times.
+ */
+const REPLICATED_LABELS = ["tp_rank", "moe_ep_rank", "pid"];
+
+/** One sample per logical series: label sets equal but for `REPLICATED_LABELS` collapse to their largest value. */
+function collapseReplicas(samples: readonly MetricSample[]): MetricSample[] {
+  if (!samples.some((s) => REPLICATED_LABELS.some((l) => l in s.labels))) return [...samples];
+  const groups = new Map<string, MetricSample>();
+  for (const s of samples) {
+    const key = Object.keys(s.labels)
+      .filter((l) => !REPLICATED_LABELS.includes(l))
+      .sort()
+      .map((l) => `${l}=${JSON.stringify(s.labels[l])}`)
+      .join(",");
+    const seen = groups.get(key);
+    if (!seen || (Number.isFinite(s.value) && !(seen.value >= s.value))) groups.set(key, s);
+  }
+  return [...groups.values()];
+}
+
+/** The first of several names (newest first) that the page carries with a finite value, one sample per logical series. */
+function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
+  for (const name of names) {
+    const found = byName.get(name);
+    // A series whose every sample is NaN says nothing: the next name, or unknown.
+    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(found);
+  }
+  return undefined;
+}
+
+/** All samples of one name, one per logical series; empty when absent. */
+function series(byName: ByName, name: string): MetricSample[] {
+  const found = byName.get(name);
+  return found ? collapseReplicas(found) : [];
+}
+
+/** Sum over label sets (models, ranks); NaN samples count as absent. */
+function sum(samples: readonly MetricSample[] | undefined): number {
+  let total = 0;
+  for (const s of samples ?? []) if (Number.isFinite(s.value)) total += s.value;
+  return total;
+}
+
+/** Mean over label sets: a ratio per rank pools to the mean when ranks are the same size. */
+function mean(samples: readonly MetricSample[] | undefined): number {
+  let total = 0;
+  let count = 0;
+  for (const s of samples ?? []) {
+    if (!Number.isFinite(s.value)) continue;
+    total += s.value;
+    count++;
+  }
+  return count === 0 ? 0 : total / count;
+}
+
+function clamp01(x: number): number {
+  return Math.min(1, Math.max(0, x));
+}
+
+/** A label read as a positive integer, or undefined (absent, `None`, zero, garbage). */
+function intLabel(sample: MetricSample, label: string): number | undefined {
+  const raw = sample.labels[label];
+  if (raw === undefined) return undefined;
+  const value = Number(raw.trim());
+  return Number.isFinite(value) && value > 0 ? Math.floor(value) : undefined;
+}
+
+/** The largest positive finite value of a gauge, floored; undefined when there is none. */
+function largestPositive(samples: readonly MetricSample[]): number | undefined {
+  let best: number | undefined;
+  for (const s of samples) {
+    if (Number.isFinite(s.value) && s.value > 0) best = Math.max(best ?? 0, Math.floor(s.value));
+  }
+  return best;
+}
+
+/**
+ * Data-parallel size: the number of distinct `dp_rank` (SGLang) or `engine`
+ * (vLLM V1, one engine core per DP rank) label values on the given samples;
+ * 1 when neither label appears. A rank that exports no sample is not seen.
+ */
+function dataParallelSize(samples: readonly MetricSample[]): number {
+  const dpRanks = new Set<string>();
+  const engines = new Set<string>();
+  for (const s of samples) {
+    const dp = s.labels.dp_rank;
+    if (dp !== undefined) dpRanks.add(dp);
+    const engine = s.labels.engine;
+    if (engine !== undefined) engines.add(engine);
+  }
+  return Math.max(1, dpRanks.size, engines.size);
+}
+
+/** A cumulative counter pair, or undefined when either half is missing (a missing counter is not a zero). */
+function counterPair(
+  byName: ByName,
+  pairs: readonly (readonly [queries: string, hits: string])[],
+): { queries: number; hits: number } | undefined {
+  for (const [queriesName, hitsName] of pairs) {
+    const queries = pick(byName, queriesName);
+    const hits = pick(byName, hitsName);
+    if (queries && hits) return { queries: sum(queries), hits: sum(hits) };
+  }
+  return undefined;
+}
+
+// --- vLLM ---------------------------------------------------------------------------------------
+
+/** KV usage: renamed in 0.10 (the `gpu_` name stayed, deprecated, for a while). */
+const VLLM_KV_USAGE = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+/** Prefix-cache token counters (V1 only): `gpu_` names in 0.8–0.9, renamed in 0.10. */
+const VLLM_PREFIX_PAIRS = [
+  ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"],
+  ["vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"],
+] as const;
+/** Series only the V0 engine exported (removed with it). */
+const VLLM_V0_ONLY = [
+  "vllm:gpu_prefix_cache_hit_rate",
+  "vllm:cpu_cache_usage_perc",
+  "vllm:num_requests_swapped",
+];
+/** Series only the V1 engine exports. */
+const VLLM_V1_ONLY = [
+  "vllm:kv_cache_usage_perc",
+  "vllm:prefix_cache_queries_total",
+  "vllm:gpu_prefix_cache_queries_total",
+  "vllm:num_requests_waiting_by_reason",
+];
+
+function vllmProfile(byName: ByName, config: readonly MetricSample[]): string {
+  let generation = "vllm";
+  if (VLLM_V1_ONLY.some((n) => byName.has(n))) generation = "vllm-v1";
+  else if (VLLM_V0_ONLY.some((n) => byName.has(n))) generation = "vllm-v0";
+  else {
+    // vLLM V1 labels every engine-core series with its `engine` index.
+    for (const list of byName.values()) {
+      if (list.some((s) => s.name.startsWith("vllm:") && s.labels.engine !== undefined)) {
+        generation = "vllm-v1";
+        break;
+      }
+    }
+  }
+  // Attention + mamba models (vLLM ≥ 0.10 hybrid allocator) state mamba settings in the cache config.
+  const hybrid = config.some((s) => Object.keys(s.labels).some((l) => l.startsWith("mamba")));
+  return hybrid ? `${generation}+hybrid` : generation;
+}
+
+/**
+ * KV capacity from `vllm:cache_config_info`, one sample per engine core.
+ * Newer vLLM states `kv_cache_size_tokens` itself; it is preferred because
+ * `num_gpu_blocks × block_size` overstates a hybrid model's pool (mamba state
+ * takes part of each block's memory). An engine core that states neither
+ * leaves the whole capacity unknown rather than understated.
+ */
+function vllmCapacity(
+  byName: ByName,
+  config: readonly MetricSample[],
+): { tokens: number; source: CapacitySource } {
+  const gauge = pick(byName, "vllm:kv_cache_size_tokens");
+  if (gauge) {
+    const tokens = Math.floor(sum(gauge));
+    if (tokens > 0) return { tokens, source: "engine" };
+  }
+  let tokens = 0;
+  let derived = false;
+  for (const info of config) {
+    const stated = intLabel(info, "kv_cache_size_tokens");
+    if (stated !== undefined) {
+      tokens += stated;
+      continue;
+    }
+    const blocks = intLabel(info, "num_gpu_blocks");
+    const size = intLabel(info, "block_size");
+    if (blocks === undefined || size === undefined) return { tokens: 0, source: "unknown" };
+    tokens += blocks * size;
+    derived = true;
+  }
+  if (tokens === 0) return { tokens: 0, source: "unknown" };
+  return { tokens, source: derived ? "derived" : "engine" };
+}
+
+function vllmSignals(byName: ByName): ScrapedSignals {
+  const unknown: SignalField[] = [];
+  const config = series(byName, "vllm:cache_config_info");
+  const kv = pick(byName, ...VLLM_KV_USAGE);
+  const running = pick(byName, "vllm:num_requests_running");
+  const waiting = pick(byName, "vllm:num_requests_waiting");
+  const preemptions = pick(byName, "vllm:num_preemptions_total");
+  const prefix = counterPair(byName, VLLM_PREFIX_PAIRS);
+  const capacity = vllmCapacity(byName, config);
+
+  let blockSize = 0;
+  let maxNumSeqs = 0;
+  for (const info of config) {
+    blockSize = Math.max(blockSize, intLabel(info, "block_size") ?? 0);
+    // A per-rank limit, when a build states it: the largest, not the sum.
+    maxNumSeqs = Math.max(maxNumSeqs, intLabel(info, "max_num_seqs") ?? 0);
+  }
+  if (!kv) unknown.push("kvUsage");
+  if (!prefix) unknown.push("prefixCache");
+  if (!running) unknown.push("running");
+  if (!waiting) unknown.push("waiting");
+  if (!preemptions) unknown.push("preemptions");
+  if (capacity.source === "unknown") unknown.push("kvCapacityTokens");
+  if (blockSize === 0) unknown.push("blockSize");
+  if (maxNumSeqs === 0) unknown.push("maxNumSeqs");
+
+  const signals: ScrapedSignals = {
+    flavor: "vllm",
+    profile: vllmProfile(byName, config),
+    unknown,
+    kvCapacitySource: capacity.source,
+    kvUsage: clamp01(mean(kv)),
+    prefixQueryTokens: prefix?.queries ?? 0,
+    prefixHitTokens: prefix?.hits ?? 0,
+    running: sum(running),
+    waiting: sum(waiting),
+    preemptions: sum(preemptions),
+    kvCapacityTokens: capacity.tokens,
+    blockSize,
+    maxNumSeqs,
+    dataParallelSize: dataParallelSize([...(kv ?? []), ...(running ?? []), ...(waiting ?? []), ...config]),
+  };
+  // V0's block hit-rate gauge reads -1 until the first lookup: a rate only once it is one.
+  const stated = pick(byName, "vllm:gpu_prefix_cache_hit_rate")?.filter((s) => s.value >= 0);
+  if (stated && stated.length > 0) signals.statedHitRate = clamp01(mean(stated));
+  return signals;
+}
+
+// --- SGLang -------------------------------------------------------------------------------------
+
+/** Running requests: `num_running_reqs` in later versions; `num_requests_running` in the first collector (2024). */
+const SGLANG_RUNNING = ["sglang:num_running_reqs", "sglang:num_requests_running"];
+/** Waiting requests: `num_queue_reqs` in later versions; `num_requests_waiting` and `queue_req` in the first collector. */
+const SGLANG_WAITING = ["sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"];
+/** Names only the first collector exported. */
+const SGLANG_LEGACY_ONLY = ["sglang:num_requests_running", "sglang:num_requests_waiting", "sglang:queue_req"];
+
+/**
+ * Cached prompt tokens. SGLang creates `sglang:cached_tokens_total` only when
+ * a first token is served from cache, and splits it by `cache_source`
+ * (device, host, storage) in newer builds; a `total` source, when present,
+ * already sums the others.
+ */
+function sglangCachedTokens(byName: ByName): MetricSample[] | undefined {
+  const cached = pick(byName, "sglang:cached_tokens_total");
+  if (!cached) return undefined;
+  const totals = cached.filter((s) => s.labels.cache_source === "total");
+  return totals.length > 0 ? totals : cached;
+}
+
+function sglangSignals(byName: ByName): ScrapedSignals {
+  const unknown: SignalField[] = [];
+  const legacy = SGLANG_LEGACY_ONLY.some((n) => byName.has(n)) && !byName.has("sglang:num_running_reqs");
+  const kv = pick(byName, "sglang:token_usage");
+  const running = pick(byName, ...SGLANG_RUNNING);
+  const waiting = pick(byName, ...SGLANG_WAITING);
+  const capacity = pick(byName, "sglang:max_total_num_tokens");
+  const preemptions = pick(byName, "sglang:num_retracted_requests_total");
+  const prompts = pick(byName, "sglang:prompt_tokens_total");
+  const cached = sglangCachedTokens(byName);
+  const capacityTokens = Math.floor(sum(capacity));
+  const blockSize = largestPositive(series(byName, "sglang:page_size")) ?? 0;
+  const maxNumSeqs = largestPositive(series(byName, "sglang:max_running_requests")) ?? 0;
+
+  if (!kv) unknown.push("kvUsage");
+  // Prompts without cached tokens is a server that has not served a cached token yet, or one that
+  // does not count them: either way the hit rate is not measured, and 0 queries says so.
+  if (!(prompts && cached)) unknown.push("prefixCache");
+  if (!running) unknown.push("running");
+  if (!waiting) unknown.push("waiting");
+  if (!preemptions) unknown.push("preemptions");
+  if (capacityTokens <= 0) unknown.push("kvCapacityTokens");
+  if (blockSize === 0) unknown.push("blockSize");
+  if (maxNumSeqs === 0) unknown.push("maxNumSeqs");
+
+  const signals: ScrapedSignals = {
+    flavor: "sglang",
+    profile: legacy ? "sglang-legacy" : "sglang",
+    unknown,
+    kvCapacitySource: capacityTokens > 0 ? "engine" : "unknown",
+    kvUsage: clamp01(mean(kv)),
+    prefixQueryTokens: prompts && cached ? sum(prompts) : 0,
+    prefixHitTokens: prompts && cached ? sum(cached) : 0,
+    running: sum(running),
+    waiting: sum(waiting),
+    // SGLang calls preemption "retraction"; the counter is cumulative like vLLM's.
+    preemptions: sum(preemptions),
+    kvCapacityTokens: Math.max(0, capacityTokens),
+    blockSize,
+    maxNumSeqs,
+    dataParallelSize: dataParallelSize([
+      ...(kv ?? []),
+      ...(running ?? []),
+      ...(waiting ?? []),
+      ...(capacity ?? []),
+    ]),
+  };
+  const stated = pick(byName, "sglang:cache_hit_rate");
+  if (stated) {
+    // The first collector set this gauge in percent (as its log line printed it); later ones in 0–1.
+    const value = mean(stated);
+    signals.statedHitRate = clamp01(legacy || value > 1 ? value / 100 : value);
+  }
+  return signals;
+}
+
+// --- detection ----------------------------------------------------------------------------------
+
+/** Series that make a page an engine's: a page with only counters or histograms is not enough to act on. */
+const VLLM_CORE = [
+  ...VLLM_KV_USAGE,
+  "vllm:num_requests_running",
+  "vllm:num_requests_waiting",
+  "vllm:cache_config_info",
+];
+const SGLANG_CORE = [
+  "sglang:token_usage",
+  ...SGLANG_RUNNING,
+  ...SGLANG_WAITING,
+  "sglang:max_total_num_tokens",
+];
+
+/**
+ * Maps a parsed page to engine signals, or undefined when it carries neither
+ * vLLM's nor SGLang's core series (a garbage page, or another server's metrics).
+ *
+ * - Counters and request gauges are summed over label sets (several models,
+ *   data-parallel ranks); KV usage, a ratio per rank, is averaged; series
+ *   repeated per `tp_rank` count once.
+ * - vLLM: capacity is the engine's `kv_cache_size_tokens` when stated, else
+ *   `num_gpu_blocks × block_size` (marked `derived`); hit rate from the token
+ *   counters `prefix_cache_{queries,hits}_total` (or their `gpu_` names).
+ * - SGLang: capacity is `max_total_num_tokens`; hit rate from
+ *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing.
+ * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
+ *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
+ * - Data-parallel size = distinct `dp_rank` or `engine` label values (1 when absent).
+ */
+export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
+  const byName = groupByName(page.samples);
+  if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName);
+  if (SGLANG_CORE.some((n) => byName.has(n))) return sglangSignals(byName);
+  return undefined;
+}

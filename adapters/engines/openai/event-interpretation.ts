@@ -1,0 +1,99 @@
+/** @module What one OpenAI streaming event (or a whole answer) says about generation: text, tokens, finish, usage. */
+
+import type { EngineCall, FinishReason } from "../../../src/engine.js";
+import { isRecord } from "./upstream-http.js";
+
+export function mapFinish(reason: unknown): FinishReason | undefined {
+  if (reason === null || reason === undefined) return undefined;
+  if (reason === "length") return "length";
+  if (reason === "abort") return "abort";
+  if (reason === "error") return "error";
+  return "stop";
+}
+
+/** Token usage as the upstream reported it. */
+export interface Usage {
+  prompt: number;
+  completion: number;
+  cached: number;
+}
+
+export function usageOf(value: unknown): Usage | undefined {
+  if (!isRecord(value)) return undefined;
+  const prompt = value.prompt_tokens;
+  const completion = value.completion_tokens;
+  if (typeof prompt !== "number" || typeof completion !== "number") return undefined;
+  const details = value.prompt_tokens_details;
+  const cached = isRecord(details) && typeof details.cached_tokens === "number" ? details.cached_tokens : 0;
+  return { prompt, completion, cached };
+}
+
+/** What one parsed event says about generation. */
+export interface EventInfo {
+  text: string;
+  tokens: number[];
+  tokenCount: number;
+  generated: boolean;
+  finish: FinishReason | undefined;
+  finishedChoices: number[];
+  /** Indexes of every choice the event carries. */
+  choices: number[];
+  usage: Usage | undefined;
+  usageOnly: boolean;
+}
+
+export function inspect(payload: Record<string, unknown>): EventInfo {
+  const info: EventInfo = {
+    text: "",
+    tokens: [],
+    tokenCount: 0,
+    generated: false,
+    finish: undefined,
+    finishedChoices: [],
+    choices: [],
+    usage: usageOf(payload.usage),
+    usageOnly: false,
+  };
+  const choices = Array.isArray(payload.choices) ? payload.choices : [];
+  for (const choice of choices) {
+    if (!isRecord(choice)) continue;
+    const index = typeof choice.index === "number" ? choice.index : 0;
+    info.choices.push(index);
+    const delta = isRecord(choice.delta) ? choice.delta : undefined;
+    let piece = "";
+    let generated = false;
+    if (typeof choice.text === "string") piece = choice.text;
+    else if (delta) {
+      if (typeof delta.content === "string") piece = delta.content;
+      // Reasoning and tool-call deltas are generated tokens too; a role-only delta is not.
+      const reasoning = delta.reasoning_content ?? delta.reasoning;
+      if (typeof reasoning === "string" && reasoning !== "") generated = true;
+      if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0) generated = true;
+    }
+    if (piece !== "") generated = true;
+    if ((choice.index ?? 0) === 0) info.text += piece;
+    const ids = Array.isArray(choice.token_ids) ? choice.token_ids.filter((t) => typeof t === "number") : [];
+    if (ids.length > 0) {
+      generated = true;
+      info.tokens.push(...(ids as number[]));
+      info.tokenCount += ids.length;
+    } else if (generated) {
+      // Without token ids, each delta of a streaming engine carries one token (more with speculative decoding).
+      info.tokenCount += 1;
+    }
+    if (generated) info.generated = true;
+    const finish = mapFinish(choice.finish_reason);
+    if (finish) {
+      info.finish = finish;
+      info.finishedChoices.push(index);
+    }
+  }
+  info.usageOnly = choices.length === 0 && info.usage !== undefined;
+  return info;
+}
+
+/** Whether the client itself asked for the usage event (sluice asks the upstream for it anyway). */
+export function clientAskedForUsage(call: EngineCall): boolean {
+  const options = call.body?.stream_options;
+  return isRecord(options) && options.include_usage === true;
+}

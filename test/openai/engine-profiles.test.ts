@@ -1,0 +1,176 @@
+/**
+ * @module Engine profiles read genuine vLLM and SGLang pages as the engines state them.
+ *
+ * The `.prom` files under `fixtures/` are copied from public repositories (see
+ * `fixtures/README.md` for repository, path and commit of each). Cases that
+ * no genuine page covers are built inline below and say so.
+ */
+
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { describe, it } from "node:test";
+import { parseEngineMetrics } from "../../adapters/engines/openai/metrics-parser.js";
+import { HitRateMeter } from "../../src/signals/hit-rate.js";
+
+const fixture = (name: string) => readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8");
+
+describe("genuine pages", () => {
+  it("SGLang's documented page: what it states is read, what it lacks is unknown, not zero", () => {
+    const s = parseEngineMetrics(fixture("sglang-docs-production-metrics.prom"));
+    assert.ok(s);
+    assert.equal(s.flavor, "sglang");
+    assert.equal(s.profile, "sglang");
+    assert.equal(s.running, 162);
+    assert.equal(s.waiting, 2826);
+    assert.equal(s.kvUsage, 0.28);
+    assert.equal(s.dataParallelSize, 1);
+    // The page counts prompts but carries no sglang:cached_tokens_total: the hit rate is not measured.
+    assert.equal(s.prefixQueryTokens, 0, "0 queries is the meter's 'not measured'");
+    assert.equal(s.prefixHitTokens, 0);
+    assert.ok(Math.abs((s.statedHitRate ?? -1) - 0.007507552643049313) < 1e-12, "its own gauge, a fraction");
+    // No sglang:max_total_num_tokens on this page: capacity unknown, never guessed.
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.equal(s.kvCapacitySource, "unknown");
+    assert.deepEqual(
+      [...s.unknown].sort(),
+      ["blockSize", "kvCapacityTokens", "maxNumSeqs", "prefixCache", "preemptions"].sort(),
+    );
+
+    const meter = new HitRateMeter();
+    meter.observe({ hits: s.prefixHitTokens, queries: s.prefixQueryTokens });
+    assert.equal(meter.measured, false, "a page without cached tokens never reads as a 0 % hit rate");
+  });
+
+  it("vLLM V0 (aibrix's captured page): derived capacity, no token counters for the prefix cache", () => {
+    const s = parseEngineMetrics(fixture("vllm-v0-aibrix-runtime.prom"));
+    assert.ok(s);
+    assert.equal(s.flavor, "vllm");
+    assert.equal(s.profile, "vllm-v0");
+    assert.equal(s.kvUsage, 0);
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.preemptions, 0);
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.kvCapacityTokens, 81767 * 16, "num_gpu_blocks × block_size");
+    assert.equal(s.kvCapacitySource, "derived", "V0 states no kv_cache_size_tokens");
+    assert.equal(s.dataParallelSize, 1);
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.equal(s.statedHitRate, undefined, "-1 means no lookup yet, not a rate");
+    assert.deepEqual([...s.unknown].sort(), ["maxNumSeqs", "prefixCache"]);
+    // Its KV usage gauge is present (a genuine 0), so it is not reported unknown.
+    assert.ok(!s.unknown.includes("kvUsage"));
+  });
+});
+
+// --- constructed pages: no genuine page for these shapes was found to cite (see fixtures/README.md) ---
+
+describe("constructed pages", () => {
+  it("a hybrid model's own kv_cache_size_tokens wins over num_gpu_blocks × block_size", () => {
+    // Numbers from the issue report: 196 blocks × 832 tokens = 163,072, the engine says 141,994.
+    const page = [
+      'vllm:cache_config_info{block_size="832",engine="0",kv_cache_size_tokens="141994",mamba_cache_mode="align",num_gpu_blocks="196"} 1.0',
+      'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5',
+      'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+      'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+    ].join("\n");
+    const s = parseEngineMetrics(page);
+    assert.ok(s);
+    assert.equal(s.profile, "vllm-v1+hybrid");
+    assert.equal(s.kvCapacityTokens, 141_994);
+    assert.equal(s.kvCapacitySource, "engine");
+    assert.equal(s.blockSize, 832);
+  });
+
+  it('a kv_cache_size_tokens of "None" falls back to the derived capacity, marked so', () => {
+    const s = parseEngineMetrics(
+      'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None",num_gpu_blocks="100"} 1\nvllm:num_requests_running 0\n',
+    );
+    assert.ok(s);
+    assert.equal(s.kvCapacityTokens, 1600);
+    assert.equal(s.kvCapacitySource, "derived");
+  });
+
+  it("a data-parallel engine core without a capacity leaves the whole capacity unknown, not understated", () => {
+    const s = parseEngineMetrics(
+      [
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1',
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="None"} 1',
+        'vllm:num_requests_running{engine="0"} 1',
+        'vllm:num_requests_running{engine="1"} 2',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.dataParallelSize, 2);
+    assert.equal(s.running, 3);
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.ok(s.unknown.includes("kvCapacityTokens"));
+  });
+
+  it("a page without a KV gauge reads KV usage as unknown", () => {
+    const s = parseEngineMetrics('vllm:num_requests_running{model_name="m"} 2\n');
+    assert.ok(s);
+    assert.ok(s.unknown.includes("kvUsage"));
+    assert.ok(s.unknown.includes("waiting"));
+    assert.equal(s.running, 2);
+  });
+
+  it("the first SGLang collector's names, with its hit-rate gauge in percent", () => {
+    const s = parseEngineMetrics(
+      [
+        'sglang:max_total_num_tokens{name="m"} 500000',
+        'sglang:max_running_requests{name="m"} 128',
+        'sglang:num_requests_running{name="m"} 7',
+        'sglang:num_requests_waiting{name="m"} 3',
+        'sglang:queue_req{name="m"} 3',
+        'sglang:token_usage{name="m"} 0.42',
+        'sglang:cache_hit_rate{name="m"} 62.5',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.profile, "sglang-legacy");
+    assert.equal(s.running, 7);
+    assert.equal(s.waiting, 3);
+    assert.equal(s.kvUsage, 0.42);
+    assert.equal(s.kvCapacityTokens, 500_000);
+    assert.equal(s.kvCapacitySource, "engine");
+    assert.equal(s.maxNumSeqs, 128);
+    assert.equal(s.statedHitRate, 0.625);
+    assert.ok(s.unknown.includes("prefixCache"));
+  });
+
+  it("SGLang's cached tokens by cache source add up; a `total` source is taken alone", () => {
+    const base = [
+      'sglang:num_running_reqs{tp_rank="0"} 1',
+      'sglang:prompt_tokens_total{model_name="m"} 1000',
+    ];
+    const split = parseEngineMetrics(
+      [
+        ...base,
+        'sglang:cached_tokens_total{cache_source="device",model_name="m"} 300',
+        'sglang:cached_tokens_total{cache_source="host",model_name="m"} 100',
+      ].join("\n"),
+    );
+    assert.ok(split);
+    assert.equal(split.prefixQueryTokens, 1000);
+    assert.equal(split.prefixHitTokens, 400);
+    assert.ok(!split.unknown.includes("prefixCache"));
+    const withTotal = parseEngineMetrics(
+      [
+        ...base,
+        'sglang:cached_tokens_total{cache_source="device",model_name="m"} 300',
+        'sglang:cached_tokens_total{cache_source="total",model_name="m"} 350',
+      ].join("\n"),
+    );
+    assert.equal(withTotal?.prefixHitTokens, 350);
+  });
+
+  it("a vLLM prefix-cache pair is read only whole: queries without hits are unknown", () => {
+    const s = parseEngineMetrics(
+      'vllm:num_requests_running 0\nvllm:prefix_cache_queries_total{engine="0"} 500\nvllm:gpu_prefix_cache_hits_total{engine="0"} 100\n',
+    );
+    assert.ok(s);
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.equal(s.prefixHitTokens, 0);
+    assert.ok(s.unknown.includes("prefixCache"));
+  });
+});

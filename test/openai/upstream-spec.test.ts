@@ -1,0 +1,103 @@
+/** @module Named upstreams and per-upstream KV capacities as `sluice serve` reads them. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import {
+  describeUpstream,
+  parseUpstreamSpec,
+  resolveUpstreams,
+  UpstreamSpecError,
+} from "../../adapters/engines/openai/upstream-spec.js";
+import { unknownSignals } from "../../src/engine.js";
+
+describe("parseUpstreamSpec", () => {
+  it("names a plain URL after its host:port, and takes NAME=URL as given", () => {
+    assert.deepEqual(parseUpstreamSpec("http://10.0.0.1:8000"), {
+      name: "10.0.0.1:8000",
+      url: "http://10.0.0.1:8000",
+    });
+    assert.deepEqual(parseUpstreamSpec(" gpu-a=http://10.0.0.1:8000/v1 "), {
+      name: "gpu-a",
+      url: "http://10.0.0.1:8000/v1",
+    });
+    // An `=` in the URL's query is not a name.
+    assert.equal(parseUpstreamSpec("http://h:1/?a=b").name, "h:1");
+  });
+
+  it("refuses what is not an http(s) URL or a usable name", () => {
+    for (const bad of ["ftp://h:1", "not a url", "a b=http://h:1", "=http://h:1", "gpu=", "gpu=ftp://h"]) {
+      assert.throws(() => parseUpstreamSpec(bad), UpstreamSpecError, bad);
+    }
+  });
+});
+
+describe("resolveUpstreams", () => {
+  it("names one upstream or many the same way, and matches capacities by name", () => {
+    assert.deepEqual(
+      resolveUpstreams(["http://10.0.0.1:8000"]).map((u) => u.name),
+      ["10.0.0.1:8000"],
+    );
+    const specs = resolveUpstreams(
+      ["a=http://10.0.0.1:8000", "http://10.0.0.2:8000", "c=http://10.0.0.3:8000"],
+      ["100000", "a=141994"],
+    );
+    assert.deepEqual(
+      specs.map((u) => [u.name, u.kvCapacityTokens]),
+      [
+        ["a", 141_994],
+        ["10.0.0.2:8000", 100_000],
+        ["c", 100_000],
+      ],
+    );
+  });
+
+  it("refuses duplicate names, capacities for unknown names and capacities that are not token counts", () => {
+    assert.throws(() => resolveUpstreams(["http://h:1", "http://h:1/other"]), /distinct names/);
+    assert.throws(() => resolveUpstreams(["a=http://h:1", "a=http://h:2"]), /distinct names/);
+    assert.throws(
+      () => resolveUpstreams(["a=http://h:1"], ["b=100"]),
+      (e: unknown) =>
+        e instanceof UpstreamSpecError && e.setting === "--kv-capacity-tokens" && e.value === "b",
+    );
+    for (const bad of ["0", "-5", "1.5", "a=", "lots"]) {
+      assert.throws(() => resolveUpstreams(["a=http://h:1"], [bad]), /--kv-capacity-tokens/, bad);
+    }
+  });
+});
+
+describe("describeUpstream", () => {
+  it("says the profile, where the capacity came from and what is not published", () => {
+    const signals = {
+      ...unknownSignals(),
+      profile: "vllm-v1+hybrid",
+      kvCapacityTokens: 141_994,
+      kvCapacitySource: "engine" as const,
+      unknown: ["maxNumSeqs"],
+      dataParallelSize: 2,
+    };
+    const { line, warning } = describeUpstream("a", "http://h:1", signals);
+    assert.equal(
+      line,
+      "sluice: upstream a (http://h:1): vllm-v1+hybrid; KV capacity 141994 tokens (engine); 2 data-parallel ranks; not published: maxNumSeqs",
+    );
+    assert.equal(warning, undefined);
+  });
+
+  it("warns when no capacity is known: the token budget of that upstream is off", () => {
+    const signals = {
+      ...unknownSignals(),
+      profile: "sglang",
+      kvCapacitySource: "unknown" as const,
+      unknown: ["kvCapacityTokens"],
+    };
+    const { warning } = describeUpstream("b", "http://h:2", signals);
+    assert.match(
+      warning ?? "",
+      /upstream b states no KV capacity, so its token budget is off; set --kv-capacity-tokens b=N/,
+    );
+    assert.match(
+      describeUpstream("c", "http://h:3", unknownSignals()).warning ?? "",
+      /no vLLM or SGLang metrics/,
+    );
+  });
+});

@@ -1,0 +1,234 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import fc from "fast-check";
+import { VirtualClock } from "../../src/clock.js";
+import { Refusal } from "../../src/errors.js";
+import {
+  SessionAdmission,
+  type SessionAdmissionOptions,
+  type SessionRecord,
+  tokenFootprint,
+} from "../../src/sessions/session-admission.js";
+
+function setup(
+  overrides: Partial<SessionAdmissionOptions> = {},
+  windows: Record<string, number> = { r1: 10_000 },
+) {
+  const clock = new VirtualClock();
+  const events: string[] = [];
+  const retention: string[] = [];
+  const admission = new SessionAdmission({
+    clock,
+    unit: "tokens",
+    queueLimit: 64,
+    waitLimitMs: 60_000,
+    idleTimeoutMs: 120_000,
+    onEvent: (id, event) => events.push(`${id}:${event}`),
+    onRetention: (_replica, ms, source) => retention.push(`${source}:${ms}`),
+    ...overrides,
+  });
+  for (const [id, size] of Object.entries(windows)) admission.addReplica(id, size);
+  const first = (candidates: readonly string[]) => candidates[0];
+  return { clock, admission, events, retention, first };
+}
+
+const settle = () => new Promise((resolve) => setImmediate(resolve));
+const demand = (promptTokens: number, maxTokens = 0, expectedIdleMs?: number) => ({
+  promptTokens,
+  maxTokens,
+  ...(expectedIdleMs !== undefined ? { expectedIdleMs } : {}),
+});
+
+describe("token window admission", () => {
+  it("admits sessions while their footprints fit W, and a lone session larger than W", async () => {
+    const { admission, first } = setup();
+    const a = admission.open("a");
+    const b = admission.open("b");
+    assert.equal(await admission.acquireStep(a, first, undefined, demand(5_000, 1_000)), "r1");
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 6_000);
+    let admitted = false;
+    const stepB = admission.acquireStep(b, first, undefined, demand(4_500, 500)).then(() => {
+      admitted = true;
+    });
+    await settle();
+    assert.equal(admitted, false, "6,000 + 5,000 > 10,000: b waits");
+    admission.endStep(a, { completed: true, contextTokens: 5_200 });
+    await settle();
+    assert.equal(admitted, false, "idle, a keeps its place: context plus expected growth (5,200 + 5,200)");
+    admission.close("a");
+    await stepB;
+    const big = admission.open("big");
+    admission.close("b");
+    assert.equal(
+      await admission.acquireStep(big, first, undefined, demand(50_000, 1_000)),
+      "r1",
+      "alone, it runs",
+    );
+    assert.equal(admission.replicaCounts("r1").size, 1);
+  });
+
+  it("counts a footprint by its learned growth once a step has grown the context", async () => {
+    const { admission, first } = setup({}, { r1: 100_000 });
+    const a = admission.open("a");
+    await admission.acquireStep(a, first, undefined, demand(2_000, 500));
+    admission.endStep(a, { completed: true, contextTokens: 2_400 });
+    assert.equal(tokenFootprint(a), 4_800, "first step: its own size stands in for growth");
+    await admission.acquireStep(a, first, undefined, demand(3_400, 500));
+    assert.equal(tokenFootprint(a), 3_900, "a running step holds at most its prompt plus max_tokens");
+    admission.endStep(a, { completed: true, contextTokens: 3_700 });
+    assert.equal(tokenFootprint(a), 3_700 + 1_300);
+  });
+
+  it("gives retention from the hint, then its own gaps, then the fleet's, bounded by the idle timeout", async () => {
+    const { clock, admission, retention, first } = setup({ idleTimeoutMs: 60_000 }, { r1: 100_000 });
+    const a = admission.open("a");
+    await admission.acquireStep(a, first, undefined, demand(100, 10));
+    admission.endStep(a, { completed: true, contextTokens: 110 });
+    assert.equal(a.retentionMs, 15_000, "nothing known: a quarter of the idle timeout");
+    clock.advance(4_000);
+    await admission.acquireStep(a, first, undefined, demand(200, 10, 90_000));
+    admission.endStep(a, { completed: true, contextTokens: 210 });
+    assert.equal(a.retentionMs, 60_000, "the hint, bounded by the idle timeout");
+    clock.advance(2_000);
+    await admission.acquireStep(a, first, undefined, demand(300, 10));
+    admission.endStep(a, { completed: true, contextTokens: 310 });
+    assert.equal(a.retentionMs, 6_000, "its own gaps (4 s and 2 s): a high quantile, with slack");
+    const b = admission.open("b");
+    await admission.acquireStep(b, first, undefined, demand(100, 10));
+    admission.endStep(b, { completed: true, contextTokens: 110 });
+    assert.equal(b.retentionMs, 6_000, "a first gap takes the fleet's");
+    assert.deepEqual(retention, ["default:15000", "hint:60000", "own:6000", "fleet:6000"]);
+  });
+
+  it("lets an idle session past its retention go dormant only while others wait, keeping its pin", async () => {
+    const { clock, admission, events, first } = setup({}, { r1: 10_000 });
+    const a = admission.open("a");
+    await admission.acquireStep(a, first, undefined, demand(4_000, 0, 5_000));
+    admission.endStep(a, { completed: true, contextTokens: 4_000 });
+    clock.advance(30_000);
+    admission.sweep();
+    assert.equal(a.state, "active", "nobody waits: it keeps its place");
+    const b = admission.open("b");
+    const stepB = admission.acquireStep(b, first, undefined, demand(6_000, 1_000));
+    assert.equal(await stepB, "r1");
+    assert.equal(a.state, "dormant");
+    assert.equal(a.replica, "r1");
+    assert.equal(admission.view(a).state, "paused", "SPEC 8 shows a dormant session as paused");
+    assert.equal(admission.view(a).phase, "dormant");
+    assert.ok(events.includes("a:dormant"));
+    // Dormant a comes back ahead of a session never admitted.
+    const c = admission.open("c");
+    const order: string[] = [];
+    const stepA = admission.acquireStep(a, first, undefined, demand(4_500, 0)).then(() => order.push("a"));
+    const stepC = admission.acquireStep(c, first, undefined, demand(2_000, 0)).then(() => order.push("c"));
+    await settle();
+    admission.endStep(b, { completed: true, contextTokens: 6_500 });
+    admission.close("b");
+    await Promise.all([stepA, stepC]);
+    assert.deepEqual(order, ["a", "c"]);
+  });
+
+  it("pauses idle sessions past their retention first when W shrinks, never a running step", async () => {
+    const { clock, admission, first } = setup({}, { r1: 100_000 });
+    const sessions: SessionRecord[] = [];
+    for (const [id, idleHint] of [
+      ["old", 1_000],
+      ["late", 50_000],
+      ["soon", 5_000],
+      ["busy", 0],
+    ] as const) {
+      const session = admission.open(id);
+      sessions.push(session);
+      await admission.acquireStep(session, first, undefined, demand(10_000, 0, idleHint));
+      if (id !== "busy") admission.endStep(session, { completed: true, contextTokens: 10_000 });
+    }
+    clock.advance(2_000);
+    // Idle footprints are 20,000 (context plus a first step's size as growth), the running one 10,000.
+    admission.setWindow("r1", 50_000, true);
+    const state = Object.fromEntries(sessions.map((s) => [s.id, s.state]));
+    assert.deepEqual(state, { old: "paused", late: "active", soon: "active", busy: "active" });
+    admission.setWindow("r1", 30_000, true);
+    assert.equal(admission.get("late")!.state, "paused", "then the one expected back latest");
+    admission.setWindow("r1", 5_000, true);
+    assert.equal(admission.get("soon")!.state, "paused");
+    assert.equal(admission.get("busy")!.state, "active", "a running step is never interrupted");
+    assert.equal(admission.get("busy")!.pauseRequested, false, "and a lone session stays");
+  });
+
+  it("property: active footprints fit W but for a lone session; every wait ends; counters return to zero", async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(
+          fc.record({
+            session: fc.integer({ min: 0, max: 7 }),
+            op: fc.constantFrom("step", "end", "close", "tick", "shrink", "grow", "abort"),
+            size: fc.integer({ min: 100, max: 30_000 }),
+            advance: fc.integer({ min: 0, max: 20_000 }),
+          }),
+          { minLength: 1, maxLength: 60 },
+        ),
+        async (ops) => {
+          const { clock, admission } = setup(
+            { waitLimitMs: 30_000, queueLimit: 4 },
+            { r1: 40_000, r2: 20_000 },
+          );
+          const sizes: Record<string, number> = { r1: 40_000, r2: 20_000 };
+          const resize = (id: string, size: number) => {
+            sizes[id] = size;
+            admission.setWindow(id, size, true);
+          };
+          const settled: Promise<unknown>[] = [];
+          const controllers: AbortController[] = [];
+          const placed = (candidates: readonly string[]) => candidates[candidates.length - 1];
+          const check = () => {
+            for (const id of ["r1", "r2"]) {
+              const counts = admission.replicaCounts(id);
+              if (counts.size !== null && counts.size > 1) {
+                assert.ok(
+                  counts.footprintTokens! <= counts.sizeTokens!,
+                  `${id}: ${counts.footprintTokens} > W`,
+                );
+              }
+            }
+          };
+          for (const { session: n, op, size, advance } of ops) {
+            const id = `s${n}`;
+            const session = admission.get(id) ?? admission.open(id);
+            if (op === "step" && session.state !== "closed") {
+              const controller = new AbortController();
+              controllers.push(controller);
+              settled.push(
+                admission.acquireStep(session, placed, controller.signal, demand(size, 100)).then(
+                  () => admission.endStep(session, { completed: true, contextTokens: size + 50 }),
+                  (error: unknown) =>
+                    assert.ok(error instanceof Refusal || (error as Error).name === "AbortError"),
+                ),
+              );
+            } else if (op === "close") admission.close(id);
+            else if (op === "shrink") resize("r1", Math.max(1_000, size));
+            else if (op === "grow") resize("r1", 40_000 + size);
+            else if (op === "tick") {
+              // The control tick: a session's own growth since the last one is enforced here.
+              for (const [replica, w] of Object.entries(sizes)) resize(replica, w);
+              admission.sweep();
+            } else if (op === "abort") controllers.shift()?.abort(new DOMException("gone", "AbortError"));
+            if (op === "tick" || op === "shrink" || op === "grow") check();
+            clock.advance(advance);
+            await settle();
+          }
+          // Every wait ends within the wait limit: admitted or refused.
+          clock.advance(30_000);
+          await Promise.all(settled);
+          for (let i = 0; i < 8; i++) admission.close(`s${i}`);
+          const counts = admission.counts();
+          assert.deepEqual(
+            [counts.active, counts.paused, counts.dormant, counts.queuedSteps, counts.runningSteps],
+            [0, 0, 0, 0, 0],
+          );
+          for (const id of ["r1", "r2"]) assert.equal(admission.replicaCounts(id).footprintTokens, 0);
+        },
+      ),
+      { numRuns: 150 },
+    );
+  });
+});
