@@ -154,6 +154,10 @@ export function resolveSchedulerConfig(input: SchedulerConfigInput = {}): Schedu
       `window.initial (${config.window.initial}) must be within window.min (${config.window.min}) and window.max (${config.window.max})`,
     );
   }
+  const { minTokens, maxTokens } = config.window;
+  if (minTokens !== undefined && maxTokens !== undefined && minTokens > maxTokens) {
+    throw new RangeError(`window.minTokens (${minTokens}) must not exceed window.maxTokens (${maxTokens})`);
+  }
   if (config.window.kvLow > config.window.kvHigh) {
     throw new RangeError(
       `window.kvLow (${config.window.kvLow}) must not exceed window.kvHigh (${config.window.kvHigh})`,

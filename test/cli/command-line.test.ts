@@ -218,6 +218,10 @@ describe("the session window's flags (SPEC 6)", () => {
         err instanceof ConfigError && err.message === "--window-min (10) must not exceed --window-max (5)",
     );
     await assert.rejects(
+      serveOptionsFromArgs(["--window-min-tokens", "9000", "--window-max-tokens", "8000"], {}, () => {}),
+      /--window-min-tokens \(9000\) must not exceed --window-max-tokens \(8000\)/,
+    );
+    await assert.rejects(
       serveOptionsFromArgs(["--window-kv-high", "0.1"], { SLUICE_WINDOW_KV_LOW: "0.3" }, () => {}),
       /--window-kv-low \(0\.3\) must not exceed --window-kv-high \(0\.1\)/,
     );

@@ -15,6 +15,7 @@ import {
 } from "../../src/config/settings.js";
 import { BackendGate } from "../../src/gate/backend-gate.js";
 import { type AimdOptions, AimdWindow } from "../../src/sessions/aimd-window.js";
+import { TokenWindow } from "../../src/sessions/token-window.js";
 
 const byFlag = (flag: string): Setting => {
   const setting = SCHEDULER_SETTINGS.find((s) => s.flag === flag);
@@ -173,6 +174,21 @@ describe("one schema", () => {
           constructorOk = false;
         }
         assert.equal(flagOk, constructorOk, `--${flag} ${text}: flag ${flagOk}, AimdWindow ${constructorOk}`);
+      }
+    }
+    // The token law's bounds.
+    for (const [flag, option] of [
+      ["window-min-tokens", "min"],
+      ["window-increase-tokens", "increase"],
+    ] as const) {
+      for (const text of ["0", "1", "4096"]) {
+        let constructorOk = true;
+        try {
+          new TokenWindow({ capacityTokens: 100_000, [option]: Number(text) });
+        } catch {
+          constructorOk = false;
+        }
+        assert.equal(accepts(flag, text), constructorOk, `--${flag} ${text}`);
       }
     }
     for (const status of [100, 399, 400, 529, 599, 600]) {
