@@ -361,7 +361,7 @@ export class BackendGate {
     this.requestQueueLimit = checkInteger("requestQueueLimit", options.requestQueueLimit, 0);
     this.ranksKnownValue = options.ranks !== undefined;
     this.rankCountValue = options.ranks === undefined ? 1 : checkInteger("ranks", options.ranks, 1);
-    this.overloadStatus = checkInteger("overloadStatus", options.overloadStatus ?? 529, 100);
+    this.overloadStatus = checkInteger("overloadStatus", options.overloadStatus ?? 529, 400);
     if (this.overloadStatus > 599)
       throw new RangeError(`overloadStatus must be ≤ 599, got ${this.overloadStatus}`);
     this.clock = options.clock ?? realClock;

@@ -2,7 +2,7 @@
 
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
-import { resolveGateLimits } from "../config/gate-limits.js";
+import { gateLimitsFromConfig } from "../config/gate-limits.js";
 import type { PolicyFeatures } from "../config/policy-features.js";
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { LANE_DEFAULTS } from "../config/scheduler-config.js";
@@ -193,16 +193,7 @@ export class ReplicaRuntime {
   }
 
   private gateLimits(maxNumSeqs: number) {
-    const flag = (value: number | undefined) => (value === undefined ? undefined : String(value));
-    return resolveGateLimits({
-      flags: {
-        engineRequestLimit: flag(this.config.gate.engineRequestLimit),
-        engineRequestWaitingLimit: flag(this.config.gate.engineRequestWaitingLimit),
-        requestQueueLimit: flag(this.config.gate.requestQueueLimit),
-      },
-      env: {},
-      ...(maxNumSeqs > 0 ? { engine: { maxNumSeqs } } : {}),
-    });
+    return gateLimitsFromConfig(this.config.gate, maxNumSeqs > 0 ? { maxNumSeqs } : {});
   }
 
   private laneOptions() {

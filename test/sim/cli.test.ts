@@ -33,13 +33,13 @@ describe("sluice sim", () => {
 
   test("an invalid flag value names the flag and the value, and returns 2", async () => {
     const cases: [string[], RegExp][] = [
-      [["--port", "abc"], /--port should be an integer in \[0, 65535\], got "abc"/],
+      [["--port", "abc"], /--port takes an integer from 0 to 65535, got "abc"/],
       [["--port", "70000"], /--port .* got "70000"/],
-      [["--preset", "h200"], /--preset should be one of .* got "h200"/],
+      [["--preset", "h200"], /--preset takes one of .* got "h200"/],
       [["--data-parallel-size", "0"], /--data-parallel-size .* got "0"/],
-      [["--max-num-seqs=-3"], /--max-num-seqs should be an integer ≥ 1, got "-3"/],
+      [["--max-num-seqs=-3"], /--max-num-seqs takes a positive integer, got "-3"/],
       [["--kv-capacity-tokens", "1.5"], /--kv-capacity-tokens .* got "1.5"/],
-      [["--bogus"], /Unknown option '--bogus'/],
+      [["--bogus"], /unknown flag --bogus/],
     ];
     for (const [argv, message] of cases) {
       const c = capture();
