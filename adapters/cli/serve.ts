@@ -18,6 +18,7 @@ import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
 import { runServerCommand } from "./server-command.js";
@@ -71,6 +72,8 @@ export interface ServeOptions {
   dashboardPollMs?: number;
   /** Line logger (start-up, warnings, shutdown). Default stderr. */
   log?: (line: string) => void;
+  /** Where batches, files and idempotency records live; omitted: a temporary directory (`sluice serve`: ./.sluice-data). */
+  dataDir?: string;
 }
 
 /** A running server. */
@@ -208,7 +211,9 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
   const tracker = new CallTracker();
+  const jobs = await Jobs.open({ scheduler, log, ...(options.dataDir ? { dataDir: options.dataDir } : {}) });
   const app = createApp({
+    jobs,
     scheduler,
     metrics,
     tracker,
@@ -224,6 +229,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       : {}),
   });
   scheduler.start();
+  await jobs.start();
 
   const server = serveHono({ fetch: app.fetch, port, hostname: host });
   answerClientErrors(server);
@@ -234,6 +240,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       server.once("error", reject);
     });
   } catch (err) {
+    await jobs.close();
     await scheduler.stop();
     await natsScaleOut?.frontend.close();
     await Promise.allSettled(engines.map((engine) => engine.close?.()));
@@ -258,6 +265,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     } catch (err) {
       server.close();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
       throw err;
@@ -285,6 +293,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
       await serverClosed;
       await nats?.close();
+      // Lines in flight stop unrecorded and run again at the next start.
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
     })();
@@ -446,6 +456,11 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
     env: "SLUICE_CORS_ORIGIN",
     multiple: true,
     help: "allowed CORS origin, repeatable (* for any); off by default",
+  },
+  "data-dir": {
+    env: "SLUICE_DATA_DIR",
+    default: DEFAULT_DATA_DIR,
+    help: "directory for batches, files and idempotency records (kept across restarts)",
   },
   help: { boolean: true, help: "print this help" },
 };
@@ -719,6 +734,7 @@ export async function serveOptionsFromArgs(
     }
   }
   const corsOrigins = list(raw, env, "cors-origin");
+  const dataDir = lookupSetting(raw, env, "data-dir")?.value.trim() || DEFAULT_DATA_DIR;
 
   return {
     config,
@@ -735,6 +751,7 @@ export async function serveOptionsFromArgs(
     ...(nats ? { nats } : {}),
     ...(tokenizer ? { tokenizer } : {}),
     ...(corsOrigins.length > 0 ? { corsOrigins } : {}),
+    dataDir,
   };
 }
 
