@@ -55,21 +55,6 @@ class Stopped extends Error {
 
 const seconds = (ms: number) => Math.floor(ms / 1000);
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
-}
-
 /**
  * The one place jobs run. Every line and every asynchronous call goes through the scheduler like an
  * HTTP call (batch lines declared `bulk`, so interactive work goes first and bulk fills what it leaves).
@@ -94,6 +79,8 @@ export class JobRunner {
   private readonly asyncQueue: string[] = [];
   private readonly asyncRunning = new Map<string, AbortController>();
   private readonly runs = new Set<Promise<void>>();
+  /** Refused runs waiting to try again, oldest first. */
+  private readonly sleepers: (() => void)[] = [];
   private inflight = 0;
   private tick: ReturnType<typeof setInterval> | undefined;
   private closed = false;
@@ -302,10 +289,47 @@ export class JobRunner {
         ...(lane ? { lane } : {}),
         signal,
       });
-      if (outcome.kind === "answered") return outcome;
-      if (outcome.engineFailure && ++engineFailures >= this.maxEngineAttempts) return outcome.answer;
-      await sleep(outcome.afterMs, signal);
+      if (outcome.kind === "answered") {
+        this.wakeOne();
+        return outcome;
+      }
+      if (outcome.engineFailure && ++engineFailures >= this.maxEngineAttempts) {
+        this.wakeOne();
+        return outcome.answer;
+      }
+      await this.waitToRetry(outcome.afterMs, signal);
     }
+  }
+
+  /**
+   * Waits a refusal's Retry-After, or less: when one of the runner's own calls ends, the capacity it
+   * held is free, so the longest-waiting refused run tries again at once rather than leave it idle.
+   */
+  private waitToRetry(ms: number, signal: AbortSignal): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (signal.aborted) return reject(signal.reason);
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", onAbort);
+        const at = this.sleepers.indexOf(wake);
+        if (at >= 0) this.sleepers.splice(at, 1);
+      };
+      const wake = () => {
+        done();
+        resolve();
+      };
+      const onAbort = () => {
+        done();
+        reject(signal.reason);
+      };
+      const timer = setTimeout(wake, ms);
+      signal.addEventListener("abort", onAbort, { once: true });
+      this.sleepers.push(wake);
+    });
+  }
+
+  private wakeOne(): void {
+    this.sleepers[0]?.();
   }
 
   /** Writes the output and error files and ends the batch; safe to run again after a crash mid-way. */
