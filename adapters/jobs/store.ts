@@ -121,10 +121,18 @@ export class JobStore {
   static async open(options: JobStoreOptions = {}): Promise<JobStore> {
     if (options.dataDir !== undefined) {
       const dir = resolve(options.dataDir);
-      mkdirSync(dir, { recursive: true });
-      if (lockDataDir(dir)) return new JobStore(dir, true, false);
+      let problem: string;
+      try {
+        mkdirSync(dir, { recursive: true });
+        if (lockDataDir(dir)) return new JobStore(dir, true, false);
+        problem = "is in use by another running sluice";
+      } catch (err) {
+        // A directory that cannot be written (read-only, no permission) must not stop sluice from serving.
+        heldHere.delete(dir);
+        problem = `cannot be used (${(err as Error).message})`;
+      }
       options.log?.(
-        `sluice: data directory ${dir} is in use by another running sluice; jobs and files are kept in a temporary directory and do not survive a restart`,
+        `sluice: data directory ${dir} ${problem}; jobs and files are kept in a temporary directory and do not survive a restart`,
       );
     }
     const dir = await mkdtemp(join(tmpdir(), "sluice-jobs-"));

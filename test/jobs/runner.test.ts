@@ -1,10 +1,19 @@
 /** @module The job runner on a real scheduler: refused lines wait and run again, batches expire, input files are checked line by line. */
 
 import assert from "node:assert/strict";
-import { after, afterEach, describe, test } from "node:test";
-import { type RunningServer, type ServeOptions, startServer } from "../../adapters/cli/serve.js";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, test } from "node:test";
+import {
+  type RunningServer,
+  type ServeOptions,
+  serveHelp,
+  serveOptionsFromArgs,
+  startServer,
+} from "../../adapters/cli/serve.js";
 import { createApp } from "../../adapters/http/app.js";
-import { Jobs, parseBatchInput } from "../../adapters/jobs/index.js";
+import { DEFAULT_DATA_DIR, JobStore, Jobs, parseBatchInput } from "../../adapters/jobs/index.js";
 
 const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 let server: RunningServer | undefined;
@@ -27,8 +36,6 @@ afterEach(async () => {
   await server?.close();
   server = undefined;
 });
-
-after(() => {});
 
 function lineOf(id: string, maxTokens: number, extra: Record<string, unknown> = {}) {
   return JSON.stringify({
@@ -191,5 +198,45 @@ describe("input files", () => {
     assert.equal(parseBatchInput("\n\n", "/v1/completions").errors[0]?.code, "empty_file");
     const many = Array.from({ length: 3 }, (_, i) => lineOf(`m${i}`, 4)).join("\n");
     assert.equal(parseBatchInput(many, "/v1/chat/completions", 2).errors[0]?.code, "too_many_requests");
+  });
+});
+
+describe("data directory", () => {
+  test("--data-dir (and SLUICE_DATA_DIR) name it; ./.sluice-data by default", async () => {
+    assert.equal(
+      (await serveOptionsFromArgs(["--data-dir", "/srv/sluice"], {}, () => {})).dataDir,
+      "/srv/sluice",
+    );
+    assert.equal(
+      (await serveOptionsFromArgs([], { SLUICE_DATA_DIR: "/env/dir" }, () => {})).dataDir,
+      "/env/dir",
+    );
+    assert.equal((await serveOptionsFromArgs([], {}, () => {})).dataDir, DEFAULT_DATA_DIR);
+    assert.match(serveHelp(), /--data-dir VALUE/);
+  });
+
+  test("a directory held by another store, or one that cannot be written, falls back to a temporary one", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "sluice-lock-"));
+    const warnings: string[] = [];
+    const first = await JobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
+    const second = await JobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
+    const blocked = join(dir, "a-file");
+    writeFileSync(blocked, "not a directory");
+    const third = await JobStore.open({ dataDir: join(blocked, "sub"), log: (line) => warnings.push(line) });
+    try {
+      assert.equal(first.durable, true);
+      assert.equal(second.durable, false);
+      assert.notEqual(second.dataDir, first.dataDir);
+      assert.equal(third.durable, false);
+      assert.equal(warnings.length, 2);
+      assert.match(warnings[0]!, /in use by another running sluice/);
+      assert.match(warnings[1]!, /cannot be used/);
+    } finally {
+      await third.close();
+      await second.close();
+      await first.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+    assert.equal(existsSync(second.dataDir), false, "a temporary store is removed on close");
   });
 });
