@@ -1,5 +1,6 @@
 /** @module A batch's input file: OpenAI's JSONL request lines, checked line by line before anything runs. */
 
+import { SESSION_HEADERS } from "../http/app.js";
 import { sessionKeyOfHeaders } from "./call-executor.js";
 import type { BatchValidationError, JobEndpoint, StoredCall } from "./types.js";
 
@@ -17,8 +18,9 @@ const MAX_REPORTED_ERRORS = 100;
 
 /**
  * Parses an input file: `{ "custom_id", "method": "POST", "url": <the batch's endpoint>, "body" }` per
- * line. A line may also carry `"headers": { "x-session-id": … }` (any session header sluice reads):
- * the line then runs as a step of that session and keeps its pinning. Blank lines are skipped.
+ * line. A line may also carry `"headers": { "x-session-id": … }` (any session header sluice reads), or
+ * the same name inside its body: the line then runs as a step of that session and keeps its pinning.
+ * Blank lines are skipped.
  */
 export function parseBatchInput(
   text: string,
@@ -88,12 +90,22 @@ export function parseBatchInput(
       fail(lineNo, "too_many_requests", `a batch holds at most ${maxLines} requests`);
       break;
     }
+    // A session may also be named inside the body under a session header's name; it is not forwarded.
+    const forwarded = { ...(body as Record<string, unknown>) };
+    const inBody: Record<string, unknown> = {};
+    for (const name of SESSION_HEADERS) {
+      if (name in forwarded) {
+        inBody[name] = forwarded[name];
+        delete forwarded[name];
+      }
+    }
     const call: StoredCall = {
       endpoint: endpoint === "/v1/chat/completions" ? "chat" : "completions",
-      body: body as Record<string, unknown>,
+      body: forwarded,
       declaredLane: "bulk",
     };
-    const sessionId = sessionKeyOfHeaders(headers as Record<string, unknown> | undefined);
+    const sessionId =
+      sessionKeyOfHeaders(headers as Record<string, unknown> | undefined) ?? sessionKeyOfHeaders(inBody);
     if (sessionId !== undefined) call.sessionId = sessionId;
     lines.push({ customId, call });
   }

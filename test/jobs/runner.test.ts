@@ -165,12 +165,23 @@ describe("running lines", () => {
 
 describe("input files", () => {
   test("lines are checked one by one, blank lines skipped, session headers kept", () => {
-    const text = [lineOf("a", 4, { headers: { "X-Session-Id": "agent-7" } }), "", lineOf("b", 4), "   "].join(
-      "\n",
-    );
+    const text = [
+      lineOf("a", 4, { headers: { "X-Session-Id": "agent-7" } }),
+      "",
+      lineOf("b", 4),
+      "   ",
+      JSON.stringify({
+        custom_id: "c",
+        method: "POST",
+        url: "/v1/chat/completions",
+        body: { model: MODEL, messages: [{ role: "user", content: "x" }], session_id: "agent-8" },
+      }),
+    ].join("\n");
     const { lines: parsed, errors } = parseBatchInput(text, "/v1/chat/completions");
     assert.deepEqual(errors, []);
-    assert.equal(parsed.length, 2);
+    assert.equal(parsed.length, 3);
+    assert.equal(parsed[2]?.call.sessionId, "agent-8");
+    assert.equal("session_id" in (parsed[2]?.call.body ?? {}), false, "not forwarded to the engine");
     assert.equal(parsed[0]?.call.sessionId, "agent-7");
     assert.equal(parsed[0]?.call.declaredLane, "bulk");
     assert.equal(parsed[1]?.call.sessionId, undefined);
