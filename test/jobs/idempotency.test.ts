@@ -133,6 +133,38 @@ describe("Idempotency-Key", () => {
     await idle(s);
   });
 
+  test("a client that leaves mid-stream frees its key: the retry runs anew", async () => {
+    const s = await start({ simPreset: { base: "h100-llama3-8b", c0: 20 } });
+    const body = chat("a long answer", { max_tokens: 200, stream: true });
+    const leaving = new AbortController();
+    const first = await fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "idempotency-key": "k-leave" },
+      body: JSON.stringify(body),
+      signal: leaving.signal,
+    });
+    const reader = first.body!.getReader();
+    await reader.read();
+    leaving.abort();
+    await reader.cancel().catch(() => {});
+    let retry: Response;
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      retry = await post(
+        `${s.url}/v1/chat/completions`,
+        { ...body, max_tokens: 200 },
+        { "idempotency-key": "k-leave" },
+      );
+      if (retry.status !== 409 || Date.now() > deadline) break;
+      await retry.text();
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert.equal(retry.status, 200);
+    assert.equal(retry.headers.get("idempotent-replayed"), null);
+    assert.match(await retry.text(), /data: \[DONE\]/);
+    await idle(s);
+  });
+
   test("refusals that say 'later' free the key; validation errors are kept", async () => {
     const s = await start();
     const bad = await post(

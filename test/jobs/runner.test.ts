@@ -153,6 +153,8 @@ describe("running lines", () => {
     assert.equal(done.request_counts.total, 6);
     assert.equal(done.request_counts.completed + done.request_counts.failed, 6);
     await jobs.close();
+    assert.equal(jobs.runner.running, 0);
+    assert.equal(jobs.idempotency.inProgress, 0);
     const deadline = Date.now() + 10_000;
     for (;;) {
       const held = s.scheduler.idleCheck();
