@@ -7,6 +7,7 @@ import { createHash } from "node:crypto";
 import type { Context } from "hono";
 import { Refusal } from "../../src/errors.js";
 import type { ApiKeys } from "../http/api-keys.js";
+import { prefersAsync } from "./prefer.js";
 import type { JobStore } from "./store.js";
 import type { IdempotencyRecord } from "./types.js";
 
@@ -33,7 +34,8 @@ export type KeyState =
       abandon(): void;
     }
   | { kind: "replay"; record: IdempotencyRecord }
-  | { kind: "in_progress" }
+  /** `ended` settles when the first request ends (kept or not). */
+  | { kind: "in_progress"; ended: Promise<void> }
   | { kind: "reused" };
 
 /** Response headers a replay gives back; the request id is the replay's own. */
@@ -65,7 +67,8 @@ export class IdempotencyKeys {
   private readonly maxInProgress: number;
   readonly maxBodyBytes: number;
   private readonly now: () => number;
-  private readonly running = new Map<string, string>();
+  /** Running keys → the fingerprint of their request and a promise settled when it ends. */
+  private readonly running = new Map<string, { fingerprint: string; ended: Promise<void> }>();
   /** Finished keys, oldest stored first → expiry (ms). */
   private readonly index = new Map<string, { tenant: string; key: string; expiresAt: number }>();
 
@@ -111,9 +114,12 @@ export class IdempotencyKeys {
   /** Looks a key up and, when new, claims it for this request until `finish` or `abandon`. */
   begin(tenant: string, key: string, fingerprint: string): KeyState {
     const id = scoped(tenant, key);
-    const runningPrint = this.running.get(id);
-    if (runningPrint !== undefined)
-      return runningPrint === fingerprint ? { kind: "in_progress" } : { kind: "reused" };
+    const first = this.running.get(id);
+    if (first !== undefined) {
+      return first.fingerprint === fingerprint
+        ? { kind: "in_progress", ended: first.ended }
+        : { kind: "reused" };
+    }
     const entry = this.index.get(id);
     if (entry && entry.expiresAt > this.now()) {
       const record = this.store.idempotency.get([tenant, key]);
@@ -130,7 +136,11 @@ export class IdempotencyKeys {
         },
       );
     }
-    this.running.set(id, fingerprint);
+    let end = () => {};
+    const ended = new Promise<void>((resolve) => {
+      end = resolve;
+    });
+    this.running.set(id, { fingerprint, ended });
     let settled = false;
     return {
       kind: "new",
@@ -147,12 +157,14 @@ export class IdempotencyKeys {
           this.evictOverflow();
         } finally {
           this.running.delete(id);
+          end();
         }
       },
       abandon: () => {
         if (settled) return;
         settled = true;
         this.running.delete(id);
+        end();
       },
     };
   }
@@ -270,6 +282,15 @@ export interface IdempotencyMiddlewareOptions {
   bodyLimitOf: (path: string) => number;
 }
 
+/** How long a retried job creation waits for the first to end before it is told 409, ms. */
+const JOB_CREATION_WAIT_MS = 10_000;
+
+/** Whether a POST creates a job (a batch, or a call answered `202 Accepted`). */
+function createsJob(path: string, prefer: string | undefined): boolean {
+  if (path === "/v1/batches") return true;
+  return (path === "/v1/chat/completions" || path === "/v1/completions") && prefersAsync(prefer);
+}
+
 const KEY_PATTERN = /^[\x21-\x7e][\x20-\x7e]{0,254}$/;
 
 function bearerOf(header: string | undefined): string | undefined {
@@ -310,7 +331,15 @@ export function idempotencyMiddleware(options: IdempotencyMiddlewareOptions) {
     const env = c.env as Record<string, unknown> | undefined;
     if (env && "incoming" in env) c.env = { ...env, incoming: undefined };
 
-    const state = keys.begin(tenant, key, fingerprint);
+    let state = keys.begin(tenant, key, fingerprint);
+    if (state.kind === "in_progress" && createsJob(c.req.path, c.req.header("prefer"))) {
+      // Creating a job takes a moment: the retry waits for the first and gets the same job.
+      await Promise.race([
+        state.ended,
+        new Promise((resolve) => setTimeout(resolve, JOB_CREATION_WAIT_MS).unref()),
+      ]);
+      state = keys.begin(tenant, key, fingerprint);
+    }
     if (state.kind === "in_progress") {
       throw new Refusal(
         "idempotency_in_progress",

@@ -7,6 +7,7 @@ import { deadlineOf, declaredLaneOf, type HttpScheduler } from "../http/app.js";
 import { readJsonBody } from "../http/read-body.js";
 import { checkCallBody, sessionKeyOfHeaders } from "./call-executor.js";
 import { readBodyBytes } from "./idempotency.js";
+import { prefersAsync } from "./prefer.js";
 import type { JobRunner } from "./runner.js";
 import { type JobStore, newId } from "./store.js";
 import {
@@ -49,14 +50,6 @@ const bounded = (id: string) => JSON.stringify(id.length > 128 ? `${id.slice(0, 
 function tenantOf(c: Context<JobsEnv>): { tenant: string; priority: number } {
   const identity = c.get("identity");
   return { tenant: identity?.tenant ?? "", priority: identity?.priority ?? 0 };
-}
-
-/** Whether `Prefer` (RFC 7240) asks for `respond-async`. */
-export function prefersAsync(header: string | undefined): boolean {
-  if (!header) return false;
-  return header
-    .split(",")
-    .some((preference) => preference.split(";")[0]?.trim().toLowerCase() === "respond-async");
 }
 
 function metadataOf(value: unknown): Record<string, string> | null {

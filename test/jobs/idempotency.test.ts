@@ -228,6 +228,30 @@ describe("Idempotency-Key", () => {
     assert.equal(((await replay.json()) as { id: string }).id, first.id);
   });
 
+  test("two creations of one batch with one key at once make one batch", async () => {
+    const s = await start();
+    const form = new FormData();
+    form.set("purpose", "batch");
+    const line = { custom_id: "x", method: "POST", url: "/v1/chat/completions", body: chat("x") };
+    form.set("file", new Blob([`${JSON.stringify(line)}\n`]), "in.jsonl");
+    const file = (await (await fetch(`${s.url}/v1/files`, { method: "POST", body: form })).json()) as {
+      id: string;
+    };
+    const create = () =>
+      post(
+        `${s.url}/v1/batches`,
+        { input_file_id: file.id, endpoint: "/v1/chat/completions", completion_window: "24h" },
+        { "idempotency-key": "batch-once" },
+      );
+    const [a, b] = await Promise.all([create(), create()]);
+    assert.equal(a.status, 200);
+    assert.equal(b.status, 200);
+    const [batchA, batchB] = (await Promise.all([a.json(), b.json()])) as { id: string }[];
+    assert.equal(batchA?.id, batchB?.id);
+    const list = (await (await fetch(`${s.url}/v1/batches`)).json()) as { data: { id: string }[] };
+    assert.equal(list.data.length, 1);
+  });
+
   test("the client sends one key for all attempts of a call: a lost answer is replayed, not run again", async () => {
     const s = await start();
     const seen: { key: string | null; status: number; body: string }[] = [];
