@@ -211,7 +211,12 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
   const tracker = new CallTracker();
-  const jobs = await Jobs.open({ scheduler, log, ...(options.dataDir ? { dataDir: options.dataDir } : {}) });
+  const jobs = await Jobs.open({
+    scheduler,
+    log,
+    registry,
+    ...(options.dataDir ? { dataDir: options.dataDir } : {}),
+  });
   const app = createApp({
     jobs,
     scheduler,

@@ -1,9 +1,11 @@
 /** @module Durable asynchronous work: OpenAI's Batch API, `Prefer: respond-async` calls and Idempotency-Key, over one store. */
 
 import type { Hono } from "hono";
+import type { Registry } from "prom-client";
 import type { ApiKeys } from "../http/api-keys.js";
 import type { HttpScheduler } from "../http/app.js";
 import { IdempotencyKeys, idempotencyMiddleware } from "./idempotency.js";
+import { NO_JOB_EVENTS, registerJobMetrics } from "./metrics.js";
 import { type JobsEnv, type JobsRouteContext, mountJobRoutes } from "./routes.js";
 import { JobRunner } from "./runner.js";
 import { JobStore } from "./store.js";
@@ -36,6 +38,8 @@ export interface JobsOptions {
   /** Wall clock, ms since the epoch. */
   now?: () => number;
   log?: (line: string) => void;
+  /** Registry for the job metrics (`sluice_job_*`, `sluice_batches_active`, `sluice_idempotency_keys`); none when omitted. */
+  registry?: Registry;
 }
 
 /** What `createApp` needs to mount jobs: one call, before its own routes. */
@@ -54,7 +58,16 @@ export class Jobs implements JobsMount {
   private constructor(store: JobStore, options: JobsOptions) {
     this.store = store;
     this.options = options;
+    // The gauges read the runner and the keys at scrape time, after both exist.
+    const events = options.registry
+      ? registerJobMetrics(options.registry, {
+          running: () => this.runner.running,
+          activeBatches: () => this.runner.activeBatches,
+          idempotencyKeys: () => ({ running: this.idempotency.inProgress, stored: this.idempotency.size }),
+        })
+      : NO_JOB_EVENTS;
     this.runner = new JobRunner({
+      events,
       store,
       scheduler: options.scheduler,
       ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),

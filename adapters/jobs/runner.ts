@@ -3,6 +3,7 @@
 import type { HttpScheduler } from "../http/app.js";
 import { type BatchLine, parseBatchInput } from "./batch-input.js";
 import { type CallOutcome, executeCall } from "./call-executor.js";
+import { type JobEvents, NO_JOB_EVENTS } from "./metrics.js";
 import { type JobStore, newId } from "./store.js";
 import {
   type AsyncJobRecord,
@@ -29,6 +30,8 @@ export interface JobRunnerOptions {
   /** Wall clock, ms since the epoch (batch times are Unix seconds). */
   now?: () => number;
   log?: (line: string) => void;
+  /** Metrics hooks. */
+  events?: JobEvents;
 }
 
 /** A batch the runner works on: its record, its lines, which are left and which run. */
@@ -71,6 +74,7 @@ export class JobRunner {
   private readonly now: () => number;
   private readonly log: (line: string) => void;
   private readonly tickMs: number;
+  private readonly events: JobEvents;
   /** Unfinished batches' records, the one copy every step changes (a cancel may come while a batch validates). */
   private readonly live = new Map<string, BatchRecord>();
   private readonly batches = new Map<string, BatchWork>();
@@ -97,6 +101,7 @@ export class JobRunner {
     this.tickMs = options.tickMs ?? 1000;
     this.now = options.now ?? Date.now;
     this.log = options.log ?? (() => {});
+    this.events = options.events ?? NO_JOB_EVENTS;
   }
 
   /** Picks up whatever the store holds unfinished (after a restart or a crash) and starts the sweep. */
@@ -118,6 +123,11 @@ export class JobRunner {
   /** Lines and calls running now. */
   get running(): number {
     return this.inflight;
+  }
+
+  /** Batches not yet ended (validating, in progress, finalizing, cancelling). */
+  get activeBatches(): number {
+    return this.live.size;
   }
 
   // --- batches ------------------------------------------------------------------------------------
@@ -244,7 +254,7 @@ export class JobRunner {
     work.running.set(index, controller);
     const batchId = work.record.batch.id;
     try {
-      const outcome = await this.runToAnswer(line.call, controller.signal, "bulk", {
+      const outcome = await this.runToAnswer("line", line.call, controller.signal, "bulk", {
         tenant: work.record.tenant,
         priority: work.record.priority,
       });
@@ -276,6 +286,7 @@ export class JobRunner {
 
   /** Runs a call until it has an answer: refusals are waited out, engine failures retried a few times. */
   private async runToAnswer(
+    kind: "line" | "async",
     call: BatchLine["call"],
     signal: AbortSignal,
     lane: "bulk" | undefined,
@@ -289,16 +300,23 @@ export class JobRunner {
         ...(lane ? { lane } : {}),
         signal,
       });
-      if (outcome.kind === "answered") {
-        this.wakeOne();
-        return outcome;
-      }
+      if (outcome.kind === "answered") return this.answered(kind, outcome);
       if (outcome.engineFailure && ++engineFailures >= this.maxEngineAttempts) {
-        this.wakeOne();
-        return outcome.answer;
+        return this.answered(kind, outcome.answer);
       }
+      const code = (outcome.answer.body as { error?: { code?: string } }).error?.code;
+      this.events.retried(typeof code === "string" ? code : "unavailable");
       await this.waitToRetry(outcome.afterMs, signal);
     }
+  }
+
+  private answered(
+    kind: "line" | "async",
+    outcome: CallOutcome & { kind: "answered" },
+  ): CallOutcome & { kind: "answered" } {
+    this.events.answered(kind, outcome.status < 300 ? "completed" : "failed");
+    this.wakeOne();
+    return outcome;
   }
 
   /**
@@ -460,7 +478,7 @@ export class JobRunner {
       record.status = "in_progress";
       record.started_at ??= seconds(this.now());
       await this.store.commit(() => this.store.jobs.put(id, record));
-      const outcome = await this.runToAnswer(record.request, controller.signal, undefined, {
+      const outcome = await this.runToAnswer("async", record.request, controller.signal, undefined, {
         tenant: record.tenant,
         priority: record.priority,
       });

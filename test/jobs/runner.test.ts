@@ -126,6 +126,17 @@ describe("running lines", () => {
       .filter((line) => line.startsWith("sluice_rejections_total{") && line.includes('lane="bulk"'))
       .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0);
     assert.ok(refused > 0, "some lines were refused before they ran");
+    const sample = (name: string) =>
+      exposition
+        .split("\n")
+        .filter((line) => line.startsWith(name))
+        .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0);
+    assert.equal(sample('sluice_job_calls_total{kind="line",outcome="completed"}'), 4);
+    assert.equal(sample('sluice_job_calls_total{kind="line",outcome="failed"}'), 0);
+    assert.ok(sample("sluice_job_retries_total{") > 0, "the refusals were waited out");
+    assert.equal(sample("sluice_job_calls_running"), 0);
+    assert.equal(sample("sluice_batches_active"), 0);
+    assert.equal(sample('sluice_idempotency_keys{state="running"}'), 0);
     const held = s.scheduler.idleCheck();
     assert.deepEqual(held, { permits: 0, reservations: 0, windowSlots: held.windowSlots, queued: 0 });
   });
