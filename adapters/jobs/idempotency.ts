@@ -200,9 +200,12 @@ export class IdempotencyKeys {
   }
 
   private forget(keys: [string, string][]): void {
-    void this.store.commit(() => {
-      for (const key of keys) this.store.idempotency.remove(key);
-    });
+    // Forgetting is housekeeping: a store closing meanwhile loses nothing that matters.
+    this.store
+      .commit(() => {
+        for (const key of keys) this.store.idempotency.remove(key);
+      })
+      .catch(() => {});
   }
 }
 

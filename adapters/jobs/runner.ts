@@ -83,6 +83,8 @@ export class JobRunner {
   private readonly asyncQueue: string[] = [];
   private readonly asyncRunning = new Map<string, AbortController>();
   private readonly runs = new Set<Promise<void>>();
+  /** Validations, finalizations and sweeps under way, so `close` waits for them before the store closes. */
+  private readonly tasks = new Set<Promise<unknown>>();
   /** Refused runs waiting to try again, oldest first. */
   private readonly sleepers: (() => void)[] = [];
   private inflight = 0;
@@ -120,6 +122,15 @@ export class JobRunner {
     this.pump();
   }
 
+  private background(task: Promise<unknown>): void {
+    const tracked = task
+      .catch((err: unknown) => {
+        if (!this.closed) this.log(`sluice: jobs: ${(err as Error).message}`);
+      })
+      .finally(() => this.tasks.delete(tracked));
+    this.tasks.add(tracked);
+  }
+
   /** Lines and calls running now. */
   get running(): number {
     return this.inflight;
@@ -136,7 +147,7 @@ export class JobRunner {
   async createBatch(record: BatchRecord): Promise<BatchObject> {
     await this.store.commit(() => this.store.batches.put(record.batch.id, record));
     this.live.set(record.batch.id, record);
-    void this.resume(record);
+    this.background(this.resume(record));
     return record.batch;
   }
 
@@ -160,7 +171,7 @@ export class JobRunner {
     work.stopping ??= code;
     work.pending = [];
     for (const controller of work.running.values()) controller.abort(new Stopped(code));
-    if (work.running.size === 0) void this.finalize(work);
+    if (work.running.size === 0) this.background(this.finalize(work));
   }
 
   private persist(record: BatchRecord): Promise<unknown> {
@@ -185,6 +196,7 @@ export class JobRunner {
       ]);
       return;
     }
+    if (this.closed) return;
     const { lines, errors } = parseBatchInput(text, batch.endpoint);
     if (batch.status === "cancelling" && errors.length > 0 && batch.in_progress_at === null) {
       // Cancelled before its lines were read, and they could not have run anyway.
@@ -203,6 +215,7 @@ export class JobRunner {
       batch.in_progress_at = seconds(this.now());
       batch.request_counts = { total: lines.length, completed: 0, failed: 0 };
       await this.persist(record);
+      if (this.closed) return;
     }
     // Counts are rebuilt from the recorded answers, the one source of truth after a crash.
     const done = new Set<number>();
@@ -229,13 +242,13 @@ export class JobRunner {
     this.turn.push(batch.id);
     if (batch.status === "in_progress") {
       for (let i = 0; i < lines.length; i++) if (!done.has(i)) work.pending.push(i);
-      if (work.pending.length === 0) void this.finalize(work);
+      if (work.pending.length === 0) this.background(this.finalize(work));
       else this.pump();
     } else if (batch.status === "cancelling") {
       this.stop(work, "batch_cancelled");
     } else {
       // finalizing: the crash came while the output files were written; write them again.
-      void this.finalize(work);
+      this.background(this.finalize(work));
     }
   }
 
@@ -280,7 +293,8 @@ export class JobRunner {
       }
     } finally {
       work.running.delete(index);
-      if (work.running.size === 0 && work.pending.length === 0 && !this.closed) void this.finalize(work);
+      if (work.running.size === 0 && work.pending.length === 0 && !this.closed)
+        this.background(this.finalize(work));
     }
   }
 
@@ -352,7 +366,7 @@ export class JobRunner {
 
   /** Writes the output and error files and ends the batch; safe to run again after a crash mid-way. */
   private async finalize(work: BatchWork): Promise<void> {
-    if (work.finalizing) return;
+    if (work.finalizing || this.closed) return;
     work.finalizing = true;
     const record = work.record;
     const batch = record.batch;
@@ -547,9 +561,11 @@ export class JobRunner {
       if (value.completed_at !== null && value.completed_at < cutoff) expired.push(value.id);
     }
     if (expired.length > 0) {
-      void this.store.commit(() => {
-        for (const id of expired) this.store.jobs.remove(id);
-      });
+      this.background(
+        this.store.commit(() => {
+          for (const id of expired) this.store.jobs.remove(id);
+        }),
+      );
     }
   }
 
@@ -562,6 +578,8 @@ export class JobRunner {
       for (const controller of work.running.values()) controller.abort(new Shutdown("sluice is stopping"));
     }
     for (const controller of this.asyncRunning.values()) controller.abort(new Shutdown("sluice is stopping"));
-    await Promise.allSettled([...this.runs]);
+    while (this.runs.size > 0 || this.tasks.size > 0) {
+      await Promise.allSettled([...this.runs, ...this.tasks]);
+    }
   }
 }
