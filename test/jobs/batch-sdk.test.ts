@@ -137,6 +137,15 @@ describe("files and batches through the openai SDK", () => {
       assert.equal(line.response?.body.object, "chat.completion");
       assert.equal(line.response?.body.choices[0]?.message.role, "assistant");
     }
+    // Lines naming a session ran as that session's steps (admission and pinning included).
+    for (const session of ["s-0", "s-1"]) {
+      const view = (await (await fetch(`${server.url}/v1/sessions/${session}`)).json()) as {
+        steps: number;
+        replica: string | null;
+      };
+      assert.equal(view.steps, 5);
+      assert.ok(view.replica);
+    }
     const outputFile = await client.files.retrieve(done.output_file_id!);
     assert.equal(outputFile.purpose, "batch_output");
     await idle();
