@@ -136,6 +136,8 @@ export async function executeCall(
         endpoint: call.endpoint,
       },
     });
+    // A call cancelled mid-answer (shutdown, cancel) may end without an error: its text is partial, not an answer.
+    if (signal.aborted) throw signal.reason;
     return answered(200, requestId, payload, {
       "x-sluice-lane": admitted.lane,
       "x-sluice-replica": admitted.replica,

@@ -176,6 +176,44 @@ describe("running lines", () => {
   });
 });
 
+describe("restarts", () => {
+  test("a graceful stop mid-batch records no partial answer; the restart finishes every line whole", async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), "sluice-stop-"));
+    try {
+      const first = await start({ dataDir });
+      const call1 = (path: string, init?: RequestInit) => fetch(`${first.url}${path}`, init);
+      const ids = Array.from({ length: 40 }, (_, i) => `g${i}`);
+      const batch = await createBatch(
+        call1,
+        ids.map((id) => lineOf(id, 200)),
+      );
+      await until(call1, batch.id, (b) => b.request_counts.completed >= 1);
+      await first.close();
+      server = undefined;
+      const second = await start({ dataDir });
+      const call2 = (path: string, init?: RequestInit) => fetch(`${second.url}${path}`, init);
+      const done = await until(call2, batch.id, (b) => b.status === "completed", 120_000);
+      assert.deepEqual(done.request_counts, { total: 40, completed: 40, failed: 0 });
+      const text = await (await call2(`/v1/files/${done.output_file_id}/content`)).text();
+      const output = text
+        .split("\n")
+        .filter((line) => line !== "")
+        .map(
+          (line) =>
+            JSON.parse(line) as {
+              custom_id: string;
+              response: { body: { usage: { completion_tokens: number } } };
+            },
+        );
+      assert.deepEqual(output.map((line) => line.custom_id).sort(), [...ids].sort());
+      for (const line of output)
+        assert.equal(line.response.body.usage.completion_tokens, 200, line.custom_id);
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("input files", () => {
   test("lines are checked one by one, blank lines skipped, session headers kept", () => {
     const text = [
