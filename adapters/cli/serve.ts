@@ -26,6 +26,7 @@ import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
 import { type CommandSpec, parseCommandLine, renderHelp } from "./command-line.js";
@@ -83,6 +84,8 @@ export interface ServeOptions {
   dashboardPollMs?: number;
   /** Line logger (start-up, warnings, shutdown). Default stderr. */
   log?: (line: string) => void;
+  /** Where batches, files and idempotency records live; omitted: a temporary directory (`sluice serve`: ./.sluice-data). */
+  dataDir?: string;
 }
 
 /** A running server. */
@@ -235,7 +238,14 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
   const tracker = new CallTracker();
+  const jobs = await Jobs.open({
+    scheduler,
+    log,
+    registry,
+    ...(options.dataDir ? { dataDir: options.dataDir } : {}),
+  });
   const app = createApp({
+    jobs,
     scheduler,
     metrics,
     tracker,
@@ -251,6 +261,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       : {}),
   });
   scheduler.start();
+  await jobs.start();
 
   const server = serveHono({ fetch: app.fetch, port, hostname: host });
   answerClientErrors(server);
@@ -261,6 +272,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       server.once("error", reject);
     });
   } catch (err) {
+    await jobs.close();
     await scheduler.stop();
     await natsScaleOut?.frontend.close();
     await Promise.allSettled(engines.map((engine) => engine.close?.()));
@@ -285,6 +297,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     } catch (err) {
       server.close();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
       throw err;
@@ -312,6 +325,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
       await serverClosed;
       await nats?.close();
+      // Lines in flight stop unrecorded and run again at the next start.
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
     })();
@@ -407,6 +422,15 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     placeholder: "<[name=]int>",
     expects: "a positive number of tokens, N or NAME=N",
     help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N; without it that upstream's token budget is off",
+  }),
+  defineSetting({
+    flag: "data-dir",
+    path: "dataDir",
+    topic: SERVER,
+    schema: z.string().min(1).default(DEFAULT_DATA_DIR),
+    placeholder: "<path>",
+    expects: "a directory path",
+    help: "directory for batches, files and idempotency records (kept across restarts)",
   }),
   defineSetting({
     flag: "sim-replicas",

@@ -111,6 +111,8 @@ export class SluiceError extends Error {
    */
   get retryable(): boolean {
     if (this.status === 429) return true;
+    // The same call (same Idempotency-Key) still runs: its answer is ready later.
+    if (this.status === 409 && this.code === "idempotency_in_progress") return true;
     if (this.status >= 400 && this.status < 500) return false;
     return this.status >= 500 && this.status !== 501;
   }
@@ -143,6 +145,8 @@ export interface TransportCall {
   /** Time-to-first-token deadline sluice checks feasibility against, ms. */
   deadlineMs?: number;
   requestId: string;
+  /** Sent as `Idempotency-Key`; the same for every attempt of one call. */
+  idempotencyKey?: string;
   /** This attempt's time limit, ms (the transport tells sluice, which cancels the call after it). */
   timeoutMs: number;
   signal?: AbortSignal;
@@ -153,6 +157,8 @@ export interface TransportContext {
   timeoutMs: number;
   signal?: AbortSignal;
   requestId: string;
+  /** Sent as `Idempotency-Key` on a POST; the same for every attempt of one call. */
+  idempotencyKey?: string;
 }
 
 /** How the client reaches sluice: HTTP or NATS. Every method throws `SluiceError`. */

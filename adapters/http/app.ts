@@ -19,6 +19,7 @@ import type {
   SessionView,
 } from "../../src/types.js";
 import { renderDashboard } from "../dashboard/page.js";
+import type { JobsMount } from "../jobs/index.js";
 import { createMetrics, type MetricsScheduler, type SluiceMetrics } from "../metrics/metrics.js";
 import { expectedIdleMsOf } from "../protocol/call-headers.js";
 import { type ApiKeyIdentity, type ApiKeys, secretsEqual } from "./api-keys.js";
@@ -83,6 +84,8 @@ export interface AppOptions {
   dashboardPollMs?: number;
   /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
   streamStallTimeoutMs?: number;
+  /** Batches, files, `Prefer: respond-async` and Idempotency-Key (`adapters/jobs`); off when omitted. */
+  jobs?: JobsMount;
 }
 
 /** Default of `streamStallTimeoutMs`. */
@@ -116,7 +119,7 @@ function bearerOf(header: string | undefined): string | undefined {
   return match?.[1]?.trim() || undefined;
 }
 
-function declaredLaneOf(header: string | undefined): Lane | undefined {
+export function declaredLaneOf(header: string | undefined): Lane | undefined {
   if (header === undefined) return undefined;
   const lane = header.trim().toLowerCase();
   if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
@@ -129,7 +132,7 @@ function declaredLaneOf(header: string | undefined): Lane | undefined {
   );
 }
 
-function deadlineOf(header: string | undefined): number | undefined {
+export function deadlineOf(header: string | undefined): number | undefined {
   if (header === undefined) return undefined;
   const value = Number(header.trim());
   if (header.trim() === "" || !Number.isFinite(value) || value <= 0) {
@@ -161,11 +164,11 @@ function sessionKeyOf(c: Context<Env>): string | undefined {
   return undefined;
 }
 
-function chatInput(body: ChatBody): CallInput {
+export function chatInput(body: ChatBody): CallInput {
   return { kind: "chat", messages: body.messages as ChatMessage[] };
 }
 
-function completionInput(body: CompletionBody): CallInput {
+export function completionInput(body: CompletionBody): CallInput {
   const prompt = body.prompt;
   if (typeof prompt === "string") return { kind: "text", prompt };
   const first = prompt[0];
@@ -324,6 +327,8 @@ export function createApp(options: AppOptions): Hono<Env> {
     }
     await next();
   };
+
+  options.jobs?.mount(app, { requireKey, rateLimit, bodyLimitBytes: bodyLimit, keys });
 
   // --- liveness, readiness, metrics, admin ---------------------------------------------------
 
