@@ -19,6 +19,8 @@ import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { createLogger, isLogLevel, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
+import { logStartup } from "../log/operations-log.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
 import { runServerCommand } from "./server-command.js";
@@ -72,8 +74,12 @@ export interface ServeOptions {
   nats?: string;
   /** Dashboard polling period, ms. Default 1000. */
   dashboardPollMs?: number;
-  /** Line logger (start-up, warnings, shutdown). Default stderr. */
+  /** Where log lines go (start-up, warnings, shutdown, access). Default stderr. */
   log?: (line: string) => void;
+  /** The structured logger; built from `logLevel` and `log` when omitted. */
+  logger?: Logger;
+  /** Lowest level logged. Default `info`. */
+  logLevel?: LogLevel;
 }
 
 /** A running server. */
@@ -202,7 +208,10 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
  * metrics, the HTTP API on `host:port`, and NATS when asked for.
  */
 export async function startServer(options: ServeOptions = {}): Promise<RunningServer> {
-  const log = options.log ?? stderrLog;
+  const logger =
+    options.logger ??
+    createLogger({ level: options.logLevel ?? "info", ...(options.log ? { write: options.log } : {}) });
+  const log = (line: string) => logger.info(line);
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULTS.drainTimeoutMs;
   if (!(Number.isFinite(drainTimeoutMs) && drainTimeoutMs >= 0)) {
     throw new RangeError(`drainTimeoutMs must be ≥ 0, got ${drainTimeoutMs}`);
@@ -228,6 +237,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     scheduler,
     metrics,
     tracker,
+    logger,
     bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     ...(options.streamStallTimeoutMs !== undefined
       ? { streamStallTimeoutMs: options.streamStallTimeoutMs }
@@ -279,10 +289,23 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       throw err;
     }
   }
-  log(
-    `sluice listening on http://${host.includes(":") ? `[${host}]` : host}:${address.port} ` +
-      `(policy ${scheduler.policy}; ${description}${options.nats ? `; NATS ${options.nats}` : ""})`,
-  );
+  const state = scheduler.state();
+  logStartup(logger, {
+    url,
+    policy: scheduler.policy,
+    upstreams: description,
+    models: scheduler.models(),
+    replicas: state.replicas.map((r) => ({
+      id: r.id,
+      kvCapacityTokens: r.signals.kvCapacityTokens,
+      maxNumSeqs: r.signals.maxNumSeqs,
+      dataParallelSize: r.signals.dataParallelSize,
+      gate: r.gate.limits,
+      tokenCeiling: r.budget.ceilingTokens,
+    })),
+    limits: { bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES, drainTimeoutMs },
+    nats: options.nats,
+  });
 
   let closing: Promise<void> | undefined;
   const close = () => {
@@ -345,6 +368,11 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
     help: "preset of the simulated replicas",
   },
   nats: { env: "SLUICE_NATS", help: "NATS server URL: also serve the NATS API" },
+  "log-level": {
+    env: "SLUICE_LOG_LEVEL",
+    default: "info",
+    help: `lowest level logged: ${LOG_LEVELS.join(" | ")}`,
+  },
   policy: { env: "SLUICE_POLICY", default: "sluice", help: `admission policy: ${POLICIES.join(" | ")}` },
   "block-size": { env: "SLUICE_BLOCK_SIZE", default: "64", help: "router block size, tokens" },
   "default-max-tokens": {
@@ -737,6 +765,9 @@ export async function serveOptionsFromArgs(
     }
   }
   const corsOrigins = list(raw, env, "cors-origin");
+  const logLevel = lookupSetting(raw, env, "log-level");
+  if (logLevel && !isLogLevel(logLevel.value.trim()))
+    throw invalid(logLevel.source, `one of ${LOG_LEVELS.join(", ")}`, logLevel.value);
 
   return {
     config,
@@ -754,6 +785,7 @@ export async function serveOptionsFromArgs(
     ...(nats ? { nats } : {}),
     ...(tokenizer ? { tokenizer } : {}),
     ...(corsOrigins.length > 0 ? { corsOrigins } : {}),
+    ...(logLevel ? { logLevel: logLevel.value.trim() as LogLevel } : {}),
   };
 }
 

@@ -73,6 +73,8 @@ export interface StateSample {
 
 /** An event an operator reads to learn why something changed. */
 export interface OperatorEvent {
+  /** Increasing number, so a reader asks for events after the last it has. */
+  seq: number;
   t: number;
   kind: "window" | "session" | "stage" | "health";
   replica: string | null;
@@ -149,6 +151,7 @@ export class StateHistory {
   private lastSampleAt: number;
   private cancelTimer: (() => void) | undefined;
   private stageEvents = false;
+  private nextSeq = 1;
   private healthEvents = false;
 
   constructor(options: StateHistoryOptions) {
@@ -259,17 +262,24 @@ export class StateHistory {
     return sample;
   }
 
-  /** Samples newer than `sinceT` (all when omitted) and the operator events newer than it. */
-  since(sinceT = Number.NEGATIVE_INFINITY): { sampleMs: number; samples: StateSample[]; events: OperatorEvent[] } {
+  /** Samples newer than `sinceT` and operator events after sequence number `afterSeq` (all when omitted). */
+  since(
+    sinceT = Number.NEGATIVE_INFINITY,
+    afterSeq = 0,
+  ): {
+    sampleMs: number;
+    samples: StateSample[];
+    events: OperatorEvent[];
+  } {
     return {
       sampleMs: this.sampleMs,
       samples: this.samples.filter((s) => s.t > sinceT),
-      events: this.events.filter((e) => e.t > sinceT),
+      events: this.events.filter((e) => e.seq > afterSeq),
     };
   }
 
-  private record(event: Omit<OperatorEvent, "t">): void {
-    const full = { t: this.wallNow(), ...event };
+  private record(event: Omit<OperatorEvent, "t" | "seq">): void {
+    const full = { seq: this.nextSeq++, t: this.wallNow(), ...event };
     this.events.push(full);
     if (this.events.length > this.maxEvents) this.events.splice(0, this.events.length - this.maxEvents);
     for (const listener of this.listeners) {

@@ -259,6 +259,7 @@ export function createApp(options: AppOptions): Hono<Env> {
   };
   const dashboardHtml = renderDashboard({
     pollMs: options.dashboardPollMs ?? 1000,
+    historySeconds: 15 * 60,
     thresholds: {
       kvLow: scheduler.config.window.kvLow,
       kvHigh: scheduler.config.window.kvHigh,
@@ -389,7 +390,8 @@ export function createApp(options: AppOptions): Hono<Env> {
     await next();
     c.res.headers.set("x-request-id", id);
     const rate = c.get("facts").rate;
-    if (rate) for (const [name, value] of Object.entries(rateLimitHeaders(rate))) c.res.headers.set(name, value);
+    if (rate)
+      for (const [name, value] of Object.entries(rateLimitHeaders(rate))) c.res.headers.set(name, value);
   });
 
   if (options.cors) {
@@ -501,8 +503,12 @@ export function createApp(options: AppOptions): Hono<Env> {
   app.get("/v1/admin/state", requireAdmin, (c) => c.json(scheduler.state()));
   app.get("/v1/admin/history", requireAdmin, (c) => {
     const since = Number(c.req.query("since"));
+    const eventsAfter = Number(c.req.query("events_after"));
     return c.json({
-      ...history.since(Number.isFinite(since) ? since : undefined),
+      ...history.since(
+        Number.isFinite(since) ? since : undefined,
+        Number.isFinite(eventsAfter) ? eventsAfter : undefined,
+      ),
       state: scheduler.state(),
       serverTime: Date.now(),
     });

@@ -69,7 +69,8 @@ export function prettyLine(json: string): string {
  */
 export function createLogger(options: LoggerOptions = {}): Logger {
   const level = options.level ?? "info";
-  if (!isLogLevel(level)) throw new RangeError(`log level must be one of ${LOG_LEVELS.join(", ")}, got ${level}`);
+  if (!isLogLevel(level))
+    throw new RangeError(`log level must be one of ${LOG_LEVELS.join(", ")}, got ${level}`);
   const write = options.write ?? ((line: string) => process.stderr.write(`${line}\n`));
   const isTTY = options.isTTY ?? process.stderr.isTTY === true;
   const format = options.format ?? "auto";

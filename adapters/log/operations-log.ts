@@ -10,7 +10,8 @@ export interface StartupFacts {
   policy: string;
   upstreams: string;
   models: string[];
-  replicas: { id: string; kvCapacityTokens: number; maxNumSeqs: number; dataParallelSize: number }[];
+  /** Per replica: what its engine reported (KV capacity, max_num_seqs, data-parallel ranks) and the limits in force. */
+  replicas: Record<string, unknown>[];
   limits: Record<string, unknown>;
   nats?: string | undefined;
 }

@@ -50,7 +50,9 @@ export interface MetricsOptions {
 /** The package's version, read once from package.json. */
 export const SLUICE_VERSION: string = (() => {
   try {
-    return (createRequire(import.meta.url)("../../package.json") as { version?: string }).version ?? "unknown";
+    return (
+      (createRequire(import.meta.url)("../../package.json") as { version?: string }).version ?? "unknown"
+    );
   } catch {
     return "unknown";
   }
