@@ -51,6 +51,7 @@ export function makeHarness(options: HarnessOptions = {}) {
   const app = createApp({
     scheduler,
     registry,
+    clock,
     ...(keys ? { keys } : {}),
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
     ...(options.bodyLimitBytes ? { bodyLimitBytes: options.bodyLimitBytes } : {}),
