@@ -2,8 +2,9 @@
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { afterEach, test } from "node:test";
+import { fileURLToPath } from "node:url";
 import { parsePrometheusText } from "../../adapters/engines/openai/metrics-parser.js";
 import { REFUSAL_REASONS, SLUICE_VERSION } from "../../adapters/metrics/metrics.js";
 import { chat, type Harness, MODEL, makeHarness } from "../http/harness.js";
@@ -128,4 +129,26 @@ test("promtool check metrics: nothing flagged but the names SPEC 12 fixes", asyn
     flagged.add(name);
   }
   t.diagnostic(`promtool flags only SPEC-fixed names: ${[...flagged].join(", ") || "none"}`);
+});
+
+test("the example alert rules query registered metrics and pass promtool check rules", async (t) => {
+  const harness = makeHarness();
+  h = harness;
+  const rulesPath = fileURLToPath(new URL("../../adapters/metrics/alert-rules.yml", import.meta.url));
+  const rules = readFileSync(rulesPath, "utf8");
+  const names = new Set([...rules.matchAll(/\b(sluice_[a-z0-9_]+)/g)].map((m) => m[1]!));
+  assert.ok(names.size >= 8);
+  for (const name of names) {
+    const base = name.replace(/_(bucket|sum|count)$/, "");
+    assert.ok(
+      harness.registry.getSingleMetric(name) ?? harness.registry.getSingleMetric(base),
+      `the rules use ${name}, which is not registered`,
+    );
+  }
+  if (!existsSync(PROMTOOL)) {
+    t.skip(`${PROMTOOL} is not installed`);
+    return;
+  }
+  const run = spawnSync(PROMTOOL, ["check", "rules", rulesPath], { encoding: "utf8" });
+  assert.equal(run.status, 0, `${run.stdout}${run.stderr}`);
 });
