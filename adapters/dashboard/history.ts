@@ -84,6 +84,8 @@ export interface OperatorEvent {
   cause: string;
   /** The log level it deserves. */
   level: "info" | "warn";
+  /** For a window change: which way W moved. */
+  action?: "increase" | "decrease";
 }
 
 /** Options of `StateHistory`. */
@@ -348,6 +350,7 @@ export class StateHistory {
           text: `${e.replica} W ${Math.round(e.from)} → ${Math.round(e.to)}${unit} (${e.action})`,
           cause: e.cause,
           level: "info",
+          action: e.action,
         });
       },
       session: (e) => {

@@ -23,7 +23,7 @@ import type {
 import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
 import { type Logger, silentLogger } from "../log/logger.js";
-import { AccessLog, logOperatorEvent } from "../log/operations-log.js";
+import { AccessLog, operatorEventLog } from "../log/operations-log.js";
 import {
   type CompletedCall,
   createMetrics,
@@ -242,7 +242,7 @@ export function createApp(options: AppOptions): Hono<Env> {
   const logger = options.logger ?? silentLogger();
   const accessLog = new AccessLog(logger, { clock });
   const history = options.history ?? new StateHistory({ scheduler, clock });
-  history.onEvent((event) => logOperatorEvent(logger, event));
+  history.onEvent(operatorEventLog(logger, clock));
   history.start();
   // The scheduler's `route` event runs inside the submitting request's async context: that is how a refusal
   // decided after routing (budget, deadline, gate) learns its replica without the scheduler knowing about HTTP.

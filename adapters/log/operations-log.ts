@@ -34,13 +34,35 @@ export function logStartup(logger: Logger, facts: StartupFacts): void {
   );
 }
 
-/** Writes every operator event (window law decisions, pauses, dormancies, stage and health changes) with its cause. */
-export function logOperatorEvent(logger: Logger, event: OperatorEvent): void {
-  const fields = { event: event.kind, replica: event.replica ?? undefined, cause: event.cause };
-  // Pauses and dormancies can come by the hundred under load: they are detail, window and stage changes are news.
-  if (event.kind === "session") logger.debug(fields, event.text);
-  else if (event.level === "warn") logger.warn(fields, event.text);
-  else logger.info(fields, event.text);
+/** Minimum gap between two `info` lines for W growing on one replica, ms. */
+export const WINDOW_GROWTH_LOG_INTERVAL_MS = 30_000;
+
+/**
+ * Writes operator events (window law decisions, pauses, dormancies, stage and
+ * health changes) with their cause. A cut of W, a stage or a health change
+ * is always news; W growing (slow start doubles it every control interval)
+ * is written at `info` at most every 30 s per replica, the rest at `debug`,
+ * and pauses and dormancies (by the hundred under load) at `debug`.
+ */
+export function operatorEventLog(logger: Logger, clock: Clock): (event: OperatorEvent) => void {
+  const lastGrowthLine = new Map<string, number>();
+  return function logOperatorEvent(event: OperatorEvent): void {
+    const fields = { event: event.kind, replica: event.replica ?? undefined, cause: event.cause };
+    if (event.kind === "session") return logger.debug(fields, event.text);
+    if (event.kind === "window" && event.action === "increase") {
+      const key = event.replica ?? "";
+      const now = clock.now();
+      const last = lastGrowthLine.get(key);
+      if (last !== undefined && now - last < WINDOW_GROWTH_LOG_INTERVAL_MS)
+        return logger.debug(fields, event.text);
+      lastGrowthLine.set(key, now);
+    } else if (event.kind === "window") {
+      // After a cut, the next growth is news again.
+      lastGrowthLine.delete(event.replica ?? "");
+    }
+    if (event.level === "warn") logger.warn(fields, event.text);
+    else logger.info(fields, event.text);
+  };
 }
 
 /** One served or refused call, as the access log sees it. */

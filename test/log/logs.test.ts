@@ -196,3 +196,41 @@ test("--log-level and SLUICE_LOG_LEVEL reach the server; a wrong value names the
       err instanceof ConfigError && /--log-level/.test(err.message) && /chatty/.test(err.message),
   );
 });
+
+test("W growing every control interval is one info line per 30 s per replica; a cut is always one", async () => {
+  const out = capture();
+  const clock = new VirtualClock();
+  const scheduler = new StubScheduler([replicaState("gpu-a")]);
+  const history = new StateHistory({ scheduler, clock });
+  createApp({ scheduler, history, clock, logger: createLogger({ write: out.write, isTTY: false }) });
+  const grow = (from: number) =>
+    scheduler.emit("window", {
+      replica: "gpu-a",
+      unit: "tokens",
+      from,
+      to: from * 2,
+      action: "increase",
+      cause: "slow start: sessions wait, KV usage 0.1 < U_low",
+    });
+  for (let i = 0; i < 10; i++) {
+    grow(1000 * 2 ** i);
+    await clock.advanceAsync(2000);
+  }
+  const windowLines = () => out.lines().filter((l) => l.event === "window");
+  assert.equal(windowLines().length, 1, "ten doublings in 20 s: one line");
+  scheduler.emit("window", {
+    replica: "gpu-a",
+    unit: "tokens",
+    from: 1_024_000,
+    to: 512_000,
+    action: "decrease",
+    cause: "thrash",
+  });
+  grow(512_000);
+  assert.deepEqual(
+    windowLines().map((l) => /\((\w+)\)$/.exec(l.msg)?.[1]),
+    ["increase", "decrease", "increase"],
+    "a cut, and the first growth after it, are news",
+  );
+  history.stop();
+});
