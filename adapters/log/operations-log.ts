@@ -48,7 +48,10 @@ export function operatorEventLog(logger: Logger, clock: Clock): (event: Operator
   const lastGrowthLine = new Map<string, number>();
   return function logOperatorEvent(event: OperatorEvent): void {
     const fields = { event: event.kind, replica: event.replica ?? undefined, cause: event.cause };
-    if (event.kind === "session") return logger.debug(fields, event.text);
+    if (event.kind === "session") {
+      logger.debug(fields, event.text);
+      return;
+    }
     if (event.kind === "window" && event.action === "increase") {
       const key = event.replica ?? "";
       const now = clock.now();
