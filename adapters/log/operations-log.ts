@@ -56,8 +56,10 @@ export function operatorEventLog(logger: Logger, clock: Clock): (event: Operator
       const key = event.replica ?? "";
       const now = clock.now();
       const last = lastGrowthLine.get(key);
-      if (last !== undefined && now - last < WINDOW_GROWTH_LOG_INTERVAL_MS)
-        return logger.debug(fields, event.text);
+      if (last !== undefined && now - last < WINDOW_GROWTH_LOG_INTERVAL_MS) {
+        logger.debug(fields, event.text);
+        return;
+      }
       lastGrowthLine.set(key, now);
     } else if (event.kind === "window") {
       // After a cut, the next growth is news again.
