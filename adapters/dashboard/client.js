@@ -278,7 +278,31 @@
         points: pick(id, (r) => r.footprintTokens),
       });
     });
+    const hasTokenWindow = windowSeries.some((series) => series.points.length > 0);
+    if (!hasTokenWindow) {
+      // The session-count law: W is a number of sessions, drawn on this panel's own axis with the
+      // sessions its window holds, never on the session-state chart whose counts it would flatten.
+      ids.forEach((id, i) => {
+        windowSeries.push({
+          name: `${id} W (sessions)`,
+          color: "#e3b341",
+          dash: dashFor(i),
+          width: 2.5,
+          step: true,
+          points: pick(id, (r) => r.windowSessions),
+        });
+        windowSeries.push({
+          name: `${id} active sessions`,
+          color: "#58a6ff",
+          dash: dashFor(i),
+          points: pick(id, (r) => (r.windowSessions === null ? null : r.active)),
+        });
+      });
+    }
     drawChart("panel-window", windowSeries, {});
+    document.getElementById("window-note").textContent = hasTokenWindow
+      ? ""
+      : "This policy counts its window in sessions: W and active sessions are drawn instead of tokens.";
 
     const sessionSeries = [];
     ids.forEach((id, i) => {

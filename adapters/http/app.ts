@@ -294,7 +294,10 @@ export function createApp(options: AppOptions): Hono<Env> {
     }
     const rendered = renderRefusal(refusal, requestId);
     const facts = c.get("facts");
-    const replica = facts?.replica;
+    // Routed calls know their replica; a session step refused while it waited for its window knows its pin.
+    const replica =
+      facts?.replica ??
+      (facts?.session ? (scheduler.getSession(facts.session)?.replica ?? undefined) : undefined);
     const advice = adviseRefusal(refusal, {
       replica,
       queueMs: facts?.submittedAt !== undefined ? clock.now() - facts.submittedAt : undefined,

@@ -127,8 +127,15 @@ test("the dashboard draws every chart from live state and keeps updating while l
     "each replica's reservable token line is drawn",
   );
   const windowDrawn = await page.getAttribute("#panel-window svg.chart", "data-points");
+  assert.ok(Number(windowDrawn) > 0, "W is drawn, in tokens or in sessions as the policy counts it");
   const tokenWindow = server.scheduler.state().replicas.some((r) => r.window.sizeTokens !== null);
-  assert.equal(Number(windowDrawn) > 0, tokenWindow, "W is drawn exactly when the policy has a token window");
+  const windowNames = await page.$$eval("#panel-window path.series", (paths) =>
+    paths.map((p) => p.getAttribute("data-name") ?? ""),
+  );
+  assert.ok(
+    windowNames.some((name) => (tokenWindow ? /footprints$/ : /W \(sessions\)$/).test(name)),
+    `window series: ${windowNames.join(", ")}`,
+  );
   const headerWaiting = await page.getAttribute("#sessions", "data-waiting");
   const totalWaiting = await page.textContent("#replica-table tr.total td:nth-child(12)");
   assert.equal(headerWaiting, totalWaiting, "the header's waiting count is the table's");
