@@ -280,6 +280,7 @@
     });
     const hasTokenWindow = windowSeries.some((series) => series.points.length > 0);
     if (!hasTokenWindow) {
+      windowSeries.length = 0;
       // The session-count law: W is a number of sessions, drawn on this panel's own axis with the
       // sessions its window holds, never on the session-state chart whose counts it would flatten.
       ids.forEach((id, i) => {

@@ -37,7 +37,7 @@ svg.chart text { fill: var(--muted); font-size: 11px; }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; color: var(--muted); margin-top: 4px; }
 .legend svg { vertical-align: middle; }
 #events { grid-column: 1 / -1; max-height: 360px; overflow-y: auto; }
-#events td { text-align: left; white-space: normal; }
+#events td, #events th { text-align: left; white-space: normal; }
 #events tr.level-warn td { color: var(--warn); }
 table { border-collapse: collapse; width: 100%; font-size: 12px; }
 th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--grid); white-space: nowrap; }
