@@ -256,8 +256,7 @@ export class StateHistory {
       },
     };
     this.lastSampleAt = now;
-    const previous = this.samples[this.samples.length - 1];
-    if (previous) this.compare(previous, sample);
+    this.compare(this.samples[this.samples.length - 1], sample);
     this.samples.push(sample);
     const cutoff = sample.t - this.keepMs;
     while (this.samples.length > 1 && this.samples[0]!.t < cutoff) this.samples.shift();
@@ -294,8 +293,8 @@ export class StateHistory {
   }
 
   /** Stage and health changes seen between two samples, when the scheduler does not report them itself. */
-  private compare(before: StateSample, after: StateSample): void {
-    if (!this.stageEvents && before.stage !== after.stage) {
+  private compare(before: StateSample | undefined, after: StateSample): void {
+    if (!this.stageEvents && before && before.stage !== after.stage) {
       const queue = after.lanes.interactive;
       this.record({
         kind: "stage",
@@ -307,23 +306,26 @@ export class StateHistory {
     }
     if (this.healthEvents) return;
     for (const replica of after.replicas) {
-      const was = before.replicas.find((r) => r.id === replica.id);
-      if (!was || was.healthy === replica.healthy) continue;
-      const state = this.scheduler.state().replicas.find((r) => r.id === replica.id);
-      const signals = state?.signals;
-      const cause = replica.healthy
-        ? "its signals are fresh again"
-        : signals?.stale
-          ? `its signals are stale (last ${signals.ageMs >= 0 ? `${(signals.ageMs / 1000).toFixed(1)} s ago` : "never received"}): the engine's /metrics cannot be read`
-          : "it is unreachable or reports no model";
+      const was = before?.replicas.find((r) => r.id === replica.id);
+      // A replica unhealthy from the start (an unreachable upstream) is news as much as one that fails later.
+      if (was ? was.healthy === replica.healthy : replica.healthy) continue;
       this.record({
         kind: "health",
         replica: replica.id,
-        text: `replica ${replica.id} ${replica.healthy ? "healthy" : "unhealthy"}`,
-        cause,
+        text: `replica ${replica.id} ${replica.healthy ? "healthy" : "unhealthy"}${was ? "" : " since start-up"}`,
+        cause: replica.healthy ? "its signals are fresh again" : this.unhealthyCause(replica.id),
         level: replica.healthy ? "info" : "warn",
       });
     }
+  }
+
+  private unhealthyCause(replicaId: string): string {
+    const signals = this.scheduler.state().replicas.find((r) => r.id === replicaId)?.signals;
+    if (signals?.stale && signals.ageMs < 0)
+      return "no signals ever read from it: its /metrics endpoint cannot be reached or parsed (is the engine up, is the URL right?)";
+    if (signals?.stale)
+      return `its signals are stale (last read ${(signals.ageMs / 1000).toFixed(1)} s ago): its /metrics endpoint cannot be read`;
+    return "it is unreachable or reports no model";
   }
 
   private hooks(): SchedulerEvents {

@@ -152,7 +152,7 @@ test("window law decisions, stage and health changes are logged with their cause
   assert.equal(health.level, 40);
   assert.equal(health.replica, "gpu-b");
   assert.match(health.msg, /replica gpu-b unhealthy/);
-  assert.match(String(health.cause), /stale \(last 7\.5 s ago\)/);
+  assert.match(String(health.cause), /stale \(last read 7\.5 s ago\)/);
 
   scheduler.current.replicas[1]!.healthy = true;
   await clock.advanceAsync(1000);
@@ -233,4 +233,26 @@ test("W growing every control interval is one info line per 30 s per replica; a 
     "a cut, and the first growth after it, are news",
   );
   history.stop();
+});
+
+test("an unreachable upstream is a warning with its cause soon after start-up", async () => {
+  const out = capture();
+  // Port 9 (discard) on loopback: nothing listens, every scrape is refused at once.
+  server = await startServer({
+    port: 0,
+    host: "127.0.0.1",
+    upstreams: ["http://127.0.0.1:9"],
+    log: out.write,
+  });
+  const startup = out.lines().find((l) => /listening/.test(l.msg))!;
+  assert.deepEqual(startup.models, []);
+  let warning: Line | undefined;
+  for (let i = 0; i < 100 && !warning; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    warning = out.lines().find((l) => l.event === "health");
+  }
+  assert.ok(warning, "a health line within 5 s");
+  assert.equal(warning.level, 40);
+  assert.match(warning.msg, /replica 127\.0\.0\.1:9 unhealthy since start-up/);
+  assert.match(String(warning.cause), /\/metrics endpoint cannot be reached/);
 });
