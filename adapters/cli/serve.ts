@@ -297,6 +297,11 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     models: scheduler.models(),
     replicas: state.replicas.map((r) => ({
       id: r.id,
+      // What the engine's /metrics looked like (vllm, sglang); the simulator is vLLM-named.
+      engine:
+        (
+          engines.find((e) => e.id === r.id) as { flavor?: () => string | undefined } | undefined
+        )?.flavor?.() ?? (engines.find((e) => e.id === r.id) instanceof SimEngine ? "sim" : "unknown"),
       kvCapacityTokens: r.signals.kvCapacityTokens,
       maxNumSeqs: r.signals.maxNumSeqs,
       dataParallelSize: r.signals.dataParallelSize,

@@ -41,6 +41,7 @@ test("start-up says where the API, dashboard and metrics are, what is served and
   assert.match(String(startup.upstreams), /2 simulated replica/);
   assert.equal((startup.replicas as unknown[]).length, 2);
   const replica = (startup.replicas as Record<string, unknown>[])[0]!;
+  assert.equal(replica.engine, "sim");
   assert.ok(Number(replica.kvCapacityTokens) > 0);
   assert.ok((replica.gate as { engineRequestLimit: number }).engineRequestLimit > 0);
   assert.ok((startup.models as string[]).length > 0);
