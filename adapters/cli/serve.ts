@@ -211,7 +211,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const logger =
     options.logger ??
     createLogger({ level: options.logLevel ?? "info", ...(options.log ? { write: options.log } : {}) });
-  const log = (line: string) => logger.info(line);
+  // Plain lines (warnings, shutdown) keep their form for an embedder that passed `log`; the CLI logs them structured.
+  const log = options.log ?? ((line: string) => logger.info(line));
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULTS.drainTimeoutMs;
   if (!(Number.isFinite(drainTimeoutMs) && drainTimeoutMs >= 0)) {
     throw new RangeError(`drainTimeoutMs must be ≥ 0, got ${drainTimeoutMs}`);

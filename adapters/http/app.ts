@@ -121,9 +121,6 @@ type Env = {
   Variables: { requestId: string; identity: ApiKeyIdentity | undefined; facts: RequestFacts };
 };
 
-/** Thrown by middleware for a known key that lacks the right to a route: 403, not a refusal of a call. */
-class Forbidden extends Error {}
-
 const LANES: readonly Lane[] = ["interactive", "bulk"];
 
 function validateOptions(options: AppOptions): void {
@@ -273,20 +270,6 @@ export function createApp(options: AppOptions): Hono<Env> {
 
   app.onError(function refusalToResponse(err, c) {
     const requestId = c.get("requestId") ?? sanitizeRequestId(undefined);
-    if (err instanceof Forbidden) {
-      return c.json(
-        {
-          error: {
-            message: err.message,
-            type: "permission_error",
-            code: "forbidden",
-            param: null,
-            request_id: requestId,
-          },
-        },
-        403,
-      );
-    }
     const refusal = toRefusal(err);
     // Refusals the scheduler decides reach the metrics through its events; the rest are the HTTP layer's own.
     if (!uncounted.has(err)) {
@@ -357,19 +340,20 @@ export function createApp(options: AppOptions): Hono<Env> {
   app.notFound((c) => {
     const allowed = allowedMethods(c.req.path);
     if (allowed.length > 0) {
-      return c.json(
-        {
-          error: {
-            message: `${c.req.method} is not allowed on ${c.req.path}; use ${allowed.join(" or ")}`,
-            type: "invalid_request_error",
-            code: "method_not_allowed",
-            param: null,
-            request_id: c.get("requestId"),
+      const rendered = renderRefusal(
+        new Refusal(
+          "invalid_request",
+          `${c.req.method} is not allowed on ${c.req.path}; use ${allowed.join(" or ")}`,
+          {
+            status: 405,
           },
-        },
-        405,
-        { allow: allowed.join(", ") },
+        ),
+        c.get("requestId"),
       );
+      return new Response(JSON.stringify(rendered.body), {
+        status: 405,
+        headers: { ...rendered.headers, allow: allowed.join(", ") },
+      });
     }
     return c.json(
       {
@@ -410,6 +394,7 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-sluice-lane",
           "x-sluice-deadline-ms",
           "x-sluice-expected-idle-ms",
+          "x-api-key",
           ...SESSION_HEADERS,
         ],
         exposeHeaders: [
@@ -418,6 +403,10 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-sluice-replica",
           "x-sluice-queue-ms",
           "retry-after",
+          "x-should-retry",
+          "x-ratelimit-limit-requests",
+          "x-ratelimit-remaining-requests",
+          "x-ratelimit-reset-requests",
         ],
       }),
     );
@@ -435,8 +424,11 @@ export function createApp(options: AppOptions): Hono<Env> {
       const presented = presentedKey(c) ?? c.req.query("key");
       if (!isAdminCredential(presented)) {
         if (presented !== undefined && keys?.lookup(presented)) {
-          throw new Forbidden(
+          // Known but without the right: 403, with SPEC 8's reason, so clients that read reasons need nothing new.
+          throw new Refusal(
+            "unauthorized",
             "this API key may not read admin routes: use the admin key (--admin-key) or a key with admin: true",
+            { status: 403 },
           );
         }
         throw new Refusal(

@@ -520,7 +520,7 @@ describe("API keys", () => {
     const { call } = harness({ keys, adminKey: "root-admin-key" });
     const user = await call("/v1/admin/state", { headers: { authorization: "Bearer sk-team-a-0001" } });
     assert.equal(user.response.status, 403);
-    assert.equal(JSON.parse(user.text).error.code, "forbidden");
+    assert.equal(JSON.parse(user.text).error.code, "unauthorized");
     const unknown = await call("/v1/admin/state", { headers: { authorization: "Bearer sk-nobody-0001" } });
     assertRefusal(unknown.response, unknown.text, 401, "unauthorized");
     const anonymous = await call("/dashboard");

@@ -136,8 +136,12 @@ describe("keys", () => {
       const user = await call(path, { headers: { authorization: "Bearer sk-team-a-0001" } });
       assert.equal(user.response.status, 403, path);
       const body = user.json();
-      assert.equal(body.error.code, "forbidden");
-      assert.equal(body.error.type, "permission_error");
+      assert.equal(
+        body.error.code,
+        "unauthorized",
+        "SPEC 8's reason, with the status that says the key is known",
+      );
+      assert.equal(body.error.type, "authentication_error");
       assert.match(body.error.message, /admin/);
       const stranger = await call(path, { headers: { authorization: "Bearer sk-stranger-01" } });
       assertRefusal(stranger.response, stranger.text, 401, "unauthorized");
@@ -170,7 +174,8 @@ describe("methods and roles", () => {
     const get = await call("/v1/chat/completions");
     assert.equal(get.response.status, 405);
     assert.equal(get.response.headers.get("allow"), "POST");
-    assert.equal(get.json().error.code, "method_not_allowed");
+    assert.equal(get.json().error.code, "invalid_request");
+    assert.match(get.json().error.message, /GET is not allowed on \/v1\/chat\/completions; use POST/);
     const put = await call("/v1/sessions/abc", { method: "PUT" });
     assert.equal(put.response.status, 405);
     assert.deepEqual(put.response.headers.get("allow")?.split(", ").sort(), ["DELETE", "GET", "HEAD"]);

@@ -16,7 +16,8 @@ type Line = Record<string, unknown> & { level: number; msg: string };
 
 function capture() {
   const raw: string[] = [];
-  const lines = () => raw.map((line) => JSON.parse(line) as Line);
+  // Plain lines an embedder's `log` receives as they are sit beside the structured ones.
+  const lines = () => raw.filter((line) => line.startsWith("{")).map((line) => JSON.parse(line) as Line);
   return { raw, lines, write: (line: string) => raw.push(line) };
 }
 
