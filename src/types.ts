@@ -221,4 +221,8 @@ export interface SchedulerEvents {
     action: "increase" | "decrease";
     cause: string;
   }): void;
+  /** The overload stage changed (SPEC 5), and why. Optional: without it, observers see the change in `state()`. */
+  stage?(e: { from: OverloadStage; to: OverloadStage; cause: string }): void;
+  /** A replica became healthy or unhealthy, and why. Optional: without it, observers see the change in `state()`. */
+  health?(e: { replica: string; healthy: boolean; cause: string }): void;
 }

@@ -27,6 +27,8 @@ import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
+import { createLogger, isLogLevel, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
+import { logStartup } from "../log/operations-log.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
 import { type CommandSpec, parseCommandLine, renderHelp } from "./command-line.js";
@@ -82,10 +84,14 @@ export interface ServeOptions {
   nats?: string;
   /** Dashboard polling period, ms. Default 1000. */
   dashboardPollMs?: number;
-  /** Line logger (start-up, warnings, shutdown). Default stderr. */
+  /** Where log lines go (start-up, warnings, shutdown, access). Default stderr. */
   log?: (line: string) => void;
   /** Where batches, files and idempotency records live; omitted: a temporary directory (`sluice serve`: ./.sluice-data). */
   dataDir?: string;
+  /** The structured logger; built from `logLevel` and `log` when omitted. */
+  logger?: Logger;
+  /** Lowest level logged. Default `info`. */
+  logLevel?: LogLevel;
 }
 
 /** A running server. */
@@ -216,7 +222,11 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
  * metrics, the HTTP API on `host:port`, and NATS when asked for.
  */
 export async function startServer(options: ServeOptions = {}): Promise<RunningServer> {
-  const log = options.log ?? stderrLog;
+  const logger =
+    options.logger ??
+    createLogger({ level: options.logLevel ?? "info", ...(options.log ? { write: options.log } : {}) });
+  // Plain lines (warnings, shutdown) keep their form for an embedder that passed `log`; the CLI logs them structured.
+  const log = options.log ?? ((line: string) => logger.info(line));
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULTS.drainTimeoutMs;
   if (!(Number.isFinite(drainTimeoutMs) && drainTimeoutMs >= 0)) {
     throw new RangeError(`drainTimeoutMs must be ≥ 0, got ${drainTimeoutMs}`);
@@ -249,6 +259,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     scheduler,
     metrics,
     tracker,
+    logger,
     bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     ...(options.streamStallTimeoutMs !== undefined
       ? { streamStallTimeoutMs: options.streamStallTimeoutMs }
@@ -303,10 +314,28 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       throw err;
     }
   }
-  log(
-    `sluice listening on http://${host.includes(":") ? `[${host}]` : host}:${address.port} ` +
-      `(policy ${scheduler.policy}; ${description}${options.nats ? `; NATS ${options.nats}` : ""})`,
-  );
+  const state = scheduler.state();
+  logStartup(logger, {
+    url,
+    policy: scheduler.policy,
+    upstreams: description,
+    models: scheduler.models(),
+    replicas: state.replicas.map((r) => ({
+      id: r.id,
+      // What the engine's /metrics looked like (vllm, sglang); the simulator is vLLM-named.
+      engine:
+        (
+          engines.find((e) => e.id === r.id) as { flavor?: () => string | undefined } | undefined
+        )?.flavor?.() ?? (engines.find((e) => e.id === r.id) instanceof SimEngine ? "sim" : "unknown"),
+      kvCapacityTokens: r.signals.kvCapacityTokens,
+      maxNumSeqs: r.signals.maxNumSeqs,
+      dataParallelSize: r.signals.dataParallelSize,
+      gate: r.gate.limits,
+      tokenCeiling: r.budget.ceilingTokens,
+    })),
+    limits: { bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES, drainTimeoutMs },
+    nats: options.nats,
+  });
 
   let closing: Promise<void> | undefined;
   const close = () => {
@@ -422,6 +451,14 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     placeholder: "<[name=]int>",
     expects: "a positive number of tokens, N or NAME=N",
     help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N; without it that upstream's token budget is off",
+  }),
+  defineSetting({
+    flag: "log-level",
+    path: "logLevel",
+    topic: SERVER,
+    schema: z.enum(LOG_LEVELS).default("info"),
+    placeholder: `<${LOG_LEVELS.join("|")}>`,
+    help: "lowest level logged (JSON lines when not a terminal)",
   }),
   defineSetting({
     flag: "data-dir",

@@ -107,9 +107,11 @@ export class SluiceError extends Error {
   /**
    * Whether trying again later can succeed: 429, 503, 529 and other 5xx, and
    * transport failures. Never a 413 (the same prompt will not fit later) nor
-   * any other 4xx.
+   * any other 4xx, nor `deadline_infeasible` (the same deadline stays out of
+   * reach while the replica is as busy: change the deadline or the lane first).
    */
   get retryable(): boolean {
+    if (this.code === "deadline_infeasible") return false;
     if (this.status === 429) return true;
     // The same call (same Idempotency-Key) still runs: its answer is ready later.
     if (this.status === 409 && this.code === "idempotency_in_progress") return true;

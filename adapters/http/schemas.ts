@@ -7,8 +7,11 @@ const tokenCount = z.number().int().positive();
 
 const contentPart = z.looseObject({ type: z.string() });
 
+/** The chat roles OpenAI's API accepts (`developer` replaces `system` for reasoning models; `function` is the legacy tool role). */
+export const CHAT_ROLES = ["system", "user", "assistant", "tool", "developer", "function"] as const;
+
 const chatMessage = z.looseObject({
-  role: z.string().min(1),
+  role: z.enum(CHAT_ROLES, { error: `role must be one of ${CHAT_ROLES.join(", ")}` }),
   content: z.union([z.string(), z.array(contentPart), z.null()]).optional(),
   name: z.string().optional(),
   tool_call_id: z.string().optional(),
