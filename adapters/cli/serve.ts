@@ -584,7 +584,13 @@ export async function serveOptionsFromArgs(
       });
     }
   }
-  return { ...options, config: options.config ?? {}, ...(keys ? { keys } : {}) };
+  // `sluice serve` keeps jobs in ./.sluice-data unless told otherwise; the library's default is a temporary directory.
+  return {
+    ...options,
+    dataDir: options.dataDir ?? DEFAULT_DATA_DIR,
+    config: options.config ?? {},
+    ...(keys ? { keys } : {}),
+  };
 }
 
 /** `sluice serve`: runs until SIGINT or SIGTERM, then shuts down gracefully and returns 0. */

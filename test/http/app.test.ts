@@ -478,7 +478,7 @@ describe("refusals", () => {
   test("a full session queue is 429 session_queue_full", async () => {
     const { call, scheduler } = harness({
       replicas: 1,
-      config: { window: { initial: 1, min: 1, max: 1 }, sessions: { queueLimit: 0 } },
+      config: { window: { unit: "sessions", initial: 1, min: 1, max: 1 }, sessions: { queueLimit: 0 } },
     });
     const first = await call("/v1/chat/completions", {
       method: "POST",

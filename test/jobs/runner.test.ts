@@ -274,7 +274,7 @@ describe("data directory", () => {
       "/env/dir",
     );
     assert.equal((await serveOptionsFromArgs([], {}, () => {})).dataDir, DEFAULT_DATA_DIR);
-    assert.match(serveHelp(), /--data-dir VALUE/);
+    assert.match(serveHelp(), /--data-dir <path>/);
   });
 
   test("a directory held by another store, or one that cannot be written, falls back to a temporary one", async () => {

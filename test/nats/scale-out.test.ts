@@ -61,7 +61,10 @@ async function startFrontend(id: string, sim: SimEngine, size: number): Promise<
   });
   const { scheduler } = makeScheduler({
     engines: [sim],
-    config: { window: { initial: size, min: size, max: size }, sessions: { controlIntervalMs: 200 } },
+    config: {
+      window: { unit: "sessions", initial: size, min: size, max: size },
+      sessions: { controlIntervalMs: 200 },
+    },
     ...(frontend.windowAuthority ? { windowAuthority: frontend.windowAuthority } : {}),
     ...(frontend.sessionDirectory ? { sessionDirectory: frontend.sessionDirectory } : {}),
   });
