@@ -27,7 +27,7 @@ import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
 import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
-import { createLogger, isLogLevel, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
+import { createLogger, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
 import { logStartup } from "../log/operations-log.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
