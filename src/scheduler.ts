@@ -70,6 +70,26 @@ interface SessionRouting {
   hashes: string[];
 }
 
+/** A call after steps 1–3: validated, tokenized and classified. */
+interface CallPlan {
+  model: string;
+  tokens: readonly number[];
+  maxTokens: number;
+  lane: Lane;
+  session: SessionRecord | undefined;
+}
+
+/** What a call holds while it passes steps 4–8; released at once when a step refuses. */
+interface PendingHolds {
+  /** A session step counted as running. */
+  step: boolean;
+  reservation: Reservation | null;
+  permit: Permit | null;
+  replica: ReplicaRuntime | undefined;
+  /** Prefill tokens counted in flight on `replica`. */
+  inflight: number;
+}
+
 /** Counts that must all be zero once the scheduler is idle (every session closed, every call ended). */
 export interface IdleCheck {
   permits: number;
@@ -353,231 +373,271 @@ export class Scheduler {
     }
   }
 
-  private async admit(
-    req: CallRequest,
-    call: {
-      model: string;
-      tokens: readonly number[];
-      maxTokens: number;
-      lane: Lane;
-      session: SessionRecord | undefined;
-    },
-  ): Promise<AdmittedCall> {
+  /**
+   * SPEC 2 steps 4–8 for a validated, tokenized and classified call: session
+   * admission and routing, token budget, feasibility, gate, forward — one
+   * step a method, each refusing as early as it can. Whatever a step took is
+   * in `holds` and is released at once when a later one refuses; once the
+   * call is forwarded, the admitted call owns every hold.
+   */
+  private async admit(req: CallRequest, call: CallPlan): Promise<AdmittedCall> {
     const startedAt = this.clock.now();
-    const { tokens, maxTokens, lane, session } = call;
-    const hashes = this.features.placement === "prefix" ? this.hashesFor(session, tokens) : [];
-    let stepHeld = false;
-    let reservation: Reservation | null = null;
-    let permit: Permit | null = null;
-    let inflightPrefill = 0;
-    let replica: ReplicaRuntime | undefined;
-    const released = () => {
-      permit?.release();
-      reservation?.release();
-      if (replica) replica.inflightPrefillTokens -= inflightPrefill;
-      if (stepHeld && session) this.admission.endStep(session, { completed: false });
+    const hashes = this.features.placement === "prefix" ? this.hashesFor(call.session, call.tokens) : [];
+    const holds: PendingHolds = {
+      step: false,
+      reservation: null,
+      permit: null,
+      replica: undefined,
+      inflight: 0,
     };
     try {
-      const eligible = this.eligible(call.model);
-      if (eligible.length === 0) {
-        throw new Refusal("unavailable", "no healthy replica serves this model", {
-          retryAfterSeconds: 1,
-          scope: "fleet",
-        });
-      }
-      let decision: PlacementDecision;
-      if (session && this.features.window !== null) {
-        if (
-          session.state === "waiting" &&
-          eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
-        ) {
-          // Fail closed: no replica has fresh signals (or a shared-window grant) to admit a new session on.
-          throw new Refusal(
-            "unavailable",
-            "no replica can take new sessions now (signals stale or unavailable)",
-            {
-              retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
-              scope: "fleet",
-            },
-          );
-        }
-        const hint = this.pinHints.get(session.id);
-        const pinned = await this.admission.acquireStep(
-          session,
-          (candidates) =>
-            hint !== undefined && candidates.includes(hint)
-              ? hint
-              : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica,
-          req.signal,
-          { promptTokens: tokens.length, maxTokens, expectedIdleMs: req.expectedIdleMs },
-        );
-        this.pinHints.delete(session.id);
-        stepHeld = true;
-        const movable = eligible.filter(
-          (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
-        );
-        decision =
-          this.place(tokens, hashes, pinned, movable) ??
-          ({
-            replica: pinned,
-            reason: "pinned",
-            predictedHitTokens: 0,
-            predictedTtftMs: 0,
-          } as PlacementDecision);
-        if (session.movedFrom !== null) {
-          // Resumed on another replica because its own had no room for it: an affinity break.
-          if (decision.replica !== session.movedFrom) decision = { ...decision, reason: "affinity_break" };
-          session.movedFrom = null;
-        }
-        if (session.steps === 0 && decision.reason === "pinned") {
-          decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
-        }
-        if (decision.replica !== pinned) this.admission.rebind(session, decision.replica);
-      } else {
-        const placed = this.route(tokens, hashes, eligible);
-        if (!placed)
-          throw new Refusal("unavailable", "no replica can take the call", {
-            retryAfterSeconds: 1,
-            scope: "fleet",
-          });
-        decision = placed;
-        if (session) {
-          await this.admission.acquireStep(session, () => decision.replica, req.signal, {
-            promptTokens: tokens.length,
-            maxTokens,
-            expectedIdleMs: req.expectedIdleMs,
-          });
-          stepHeld = true;
-          this.admission.rebind(session, decision.replica);
-        }
-      }
-      replica = this.byId.get(decision.replica)!;
+      const decision = await this.admitAndRoute(req, call, hashes, holds);
+      const replica = this.byId.get(decision.replica)!;
+      holds.replica = replica;
       this.emit("route", {
         replica: replica.id,
         reason: decision.reason,
         predictedHitTokens: decision.predictedHitTokens,
-        promptTokens: tokens.length,
+        promptTokens: call.tokens.length,
       });
-      const uncached = Math.max(0, tokens.length - decision.predictedHitTokens);
-      if (replica.budget) {
-        // SPEC 5: a call reserves what it adds to the replica's KV — its uncached prompt tokens as the
-        // router predicts them, plus max_tokens; blocks shared with a cached prefix are counted once, by
-        // the call that brought them. The whole call must still fit the ceiling less the guard band.
-        const reserve = uncached + maxTokens;
-        reservation = replica.budget.reserveOrRefuse(reserve, {
-          queued: true,
-          lane,
-          callTokens: tokens.length + maxTokens,
-          retryAfterSeconds: budgetRetryAfter(replica, reserve),
-        });
-      }
-      if (this.features.feasibility) {
-        const laneConfig = this.config.lanes[lane];
-        const refusal = checkDeadline({
-          predictedTtftMs: predictTtftMs({
-            prefillTokensAhead: replica.queuedPrefillTokens + replica.inflightPrefillTokens,
-            ownPrefillTokens: uncached,
-            prefillTokensPerSecond: replica.prefillRate.rate(),
-          }),
-          deadlineMs: req.deadlineMs,
-          laneDeadlineMs: laneConfig.deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
-          lane,
-          retryAfterSeconds: replica.drainSeconds(replica.running),
-        });
-        if (refusal) throw refusal;
-      }
-      if (replica.gate) {
-        replica.queuedPrefillTokens += uncached;
-        try {
-          const rank = replica.chooseRank();
-          permit = await replica.gate.acquire({
-            ...(rank !== undefined ? { rank } : {}),
-            ...(this.features.lanes ? { lane } : {}),
-            ...(req.signal ? { signal: req.signal } : {}),
-            prefillTokens: Math.max(1, uncached),
-          });
-        } catch (error) {
-          if (error instanceof GateRejection && error.scope === "worker") {
-            replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
-          }
-          throw error;
-        } finally {
-          replica.queuedPrefillTokens -= uncached;
-        }
-      }
-      reservation?.activate();
-      const admittedAt = this.clock.now();
-      const queueMs = admittedAt - startedAt;
-      // The overload signal is time queued at the gate; a session waiting for its window is the window working.
-      if (lane === "interactive") this.overload?.recordQueueAge(permit?.queueMs ?? 0);
-      this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
-      replica.inflightPrefillTokens += uncached;
-      inflightPrefill = uncached;
-      const abort = new AbortController();
-      const unlinkSignal = followAbort(req.signal, abort);
-      const signal = abort.signal;
-      let stream: EngineStream;
-      try {
-        stream = await replica.engine.generate({
-          requestId: req.requestId,
-          model: call.model,
-          promptTokens: tokens,
-          maxTokens,
-          ...(permit?.rank !== undefined ? { rank: permit.rank } : {}),
-          endpoint: req.endpoint,
-          ...(req.body ? { body: req.body } : {}),
-          stream: req.stream,
-          signal,
-        });
-      } catch (error) {
-        unlinkSignal();
-        if (error instanceof Refusal && error.reason === "worker_overloaded") {
-          // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
-          replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
-        }
-        if (error instanceof EngineError) {
-          throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
-            retryAfterSeconds: 1,
-            scope: "worker",
-            cause: error,
-          });
-        }
-        throw error;
-      }
-      replica.running++;
-      const holdings = this.holdings({
-        replica,
-        lane,
-        session,
-        tokens,
-        hashes,
-        permit,
-        reservation,
-        uncached,
-        admittedAt,
-        unlinkSignal,
-      });
-      // From here the admitted call owns every hold.
-      permit = null;
-      reservation = null;
-      inflightPrefill = 0;
-      stepHeld = false;
-      return new AdmittedCallImpl({
-        requestId: req.requestId,
-        lane,
-        replica: replica.id,
-        queueMs,
-        inputTokens: tokens.length,
-        maxTokens,
-        sessionId: session?.id,
-        stream,
-        abort,
-        holdings,
-      });
+      const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
+      holds.reservation = this.reserveBudget(replica, call, uncached);
+      this.checkFeasibility(req, replica, call.lane, uncached);
+      holds.permit = await this.passGate(req, replica, call.lane, uncached);
+      return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
     } catch (error) {
-      released();
+      holds.permit?.release();
+      holds.reservation?.release();
+      holds.replica?.endPrefill(holds.inflight);
+      if (holds.step && call.session) this.admission.endStep(call.session, { completed: false });
       throw error;
     }
+  }
+
+  /** Steps 4 and 5: a session step waits for its window and is routed to its pin (or moved); other calls are placed. */
+  private async admitAndRoute(
+    req: CallRequest,
+    call: CallPlan,
+    hashes: string[],
+    holds: PendingHolds,
+  ): Promise<PlacementDecision> {
+    const { session, tokens } = call;
+    const eligible = this.eligible(call.model);
+    if (eligible.length === 0) {
+      throw new Refusal("unavailable", "no healthy replica serves this model", {
+        retryAfterSeconds: 1,
+        scope: "fleet",
+      });
+    }
+    const demand = {
+      promptTokens: tokens.length,
+      maxTokens: call.maxTokens,
+      expectedIdleMs: req.expectedIdleMs,
+    };
+    if (!session || this.features.window === null) {
+      const placed = this.route(tokens, hashes, eligible);
+      if (!placed)
+        throw new Refusal("unavailable", "no replica can take the call", {
+          retryAfterSeconds: 1,
+          scope: "fleet",
+        });
+      if (session) {
+        await this.admission.acquireStep(session, () => placed.replica, req.signal, demand);
+        holds.step = true;
+        this.admission.rebind(session, placed.replica);
+      }
+      return placed;
+    }
+    if (
+      session.state === "waiting" &&
+      eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
+    ) {
+      // Fail closed: no replica has fresh signals (or a shared-window grant) to admit a new session on.
+      throw new Refusal(
+        "unavailable",
+        "no replica can take new sessions now (signals stale or unavailable)",
+        {
+          retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
+          scope: "fleet",
+        },
+      );
+    }
+    const hint = this.pinHints.get(session.id);
+    const pinned = await this.admission.acquireStep(
+      session,
+      (candidates) =>
+        hint !== undefined && candidates.includes(hint)
+          ? hint
+          : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica,
+      req.signal,
+      demand,
+    );
+    this.pinHints.delete(session.id);
+    holds.step = true;
+    const movable = eligible.filter(
+      (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
+    );
+    let decision: PlacementDecision = this.place(tokens, hashes, pinned, movable) ?? {
+      replica: pinned,
+      reason: "pinned",
+      predictedHitTokens: 0,
+      predictedTtftMs: 0,
+    };
+    if (session.movedFrom !== null) {
+      // Resumed on another replica because its own had no room for it: an affinity break.
+      if (decision.replica !== session.movedFrom) decision = { ...decision, reason: "affinity_break" };
+      session.movedFrom = null;
+    }
+    if (session.steps === 0 && decision.reason === "pinned") {
+      decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
+    }
+    if (decision.replica !== pinned) this.admission.rebind(session, decision.replica);
+    return decision;
+  }
+
+  /**
+   * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV — its
+   * uncached prompt tokens as the router predicts them, plus max_tokens;
+   * blocks shared with a cached prefix are counted once, by the call that
+   * brought them. The whole call must still fit the ceiling less the guard band.
+   */
+  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, uncached: number): Reservation | null {
+    if (!replica.budget) return null;
+    const reserve = uncached + call.maxTokens;
+    return replica.budget.reserveOrRefuse(reserve, {
+      queued: true,
+      lane: call.lane,
+      callTokens: call.tokens.length + call.maxTokens,
+      retryAfterSeconds: budgetRetryAfter(replica, reserve),
+    });
+  }
+
+  /** Step 6b: a call whose predicted time to first token misses its own or its lane's deadline is refused now. */
+  private checkFeasibility(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): void {
+    if (!this.features.feasibility) return;
+    const refusal = checkDeadline({
+      predictedTtftMs: predictTtftMs({
+        prefillTokensAhead: replica.queuedPrefillTokens + replica.inflightPrefillTokens,
+        ownPrefillTokens: uncached,
+        prefillTokensPerSecond: replica.prefillRate.rate(),
+      }),
+      deadlineMs: req.deadlineMs,
+      laneDeadlineMs: this.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
+      lane,
+      retryAfterSeconds: replica.drainSeconds(replica.running),
+    });
+    if (refusal) throw refusal;
+  }
+
+  /** Step 7: the per-rank gate; a worker-wide rejection marks the replica busy. */
+  private async passGate(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    uncached: number,
+  ): Promise<Permit | null> {
+    if (!replica.gate) return null;
+    replica.queuePrefill(uncached);
+    try {
+      const rank = replica.chooseRank();
+      return await replica.gate.acquire({
+        ...(rank !== undefined ? { rank } : {}),
+        ...(this.features.lanes ? { lane } : {}),
+        ...(req.signal ? { signal: req.signal } : {}),
+        prefillTokens: Math.max(1, uncached),
+      });
+    } catch (error) {
+      if (error instanceof GateRejection && error.scope === "worker") {
+        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
+      }
+      throw error;
+    } finally {
+      replica.dequeuePrefill(uncached);
+    }
+  }
+
+  /** Step 8: the call goes to the engine; from its first chunk the admitted call owns every hold. */
+  private async forward(
+    req: CallRequest,
+    call: CallPlan,
+    at: {
+      replica: ReplicaRuntime;
+      hashes: string[];
+      uncached: number;
+      startedAt: number;
+      holds: PendingHolds;
+    },
+  ): Promise<AdmittedCall> {
+    const { replica, uncached, holds } = at;
+    const { lane, tokens, maxTokens, session } = call;
+    holds.reservation?.activate();
+    const admittedAt = this.clock.now();
+    const queueMs = admittedAt - at.startedAt;
+    // The overload signal is time queued at the gate; a session waiting for its window is the window working.
+    if (lane === "interactive") this.overload?.recordQueueAge(holds.permit?.queueMs ?? 0);
+    this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
+    replica.startPrefill(uncached);
+    holds.inflight = uncached;
+    const abort = new AbortController();
+    const unlinkSignal = followAbort(req.signal, abort);
+    let stream: EngineStream;
+    try {
+      stream = await replica.engine.generate({
+        requestId: req.requestId,
+        model: call.model,
+        promptTokens: tokens,
+        maxTokens,
+        ...(holds.permit?.rank !== undefined ? { rank: holds.permit.rank } : {}),
+        endpoint: req.endpoint,
+        ...(req.body ? { body: req.body } : {}),
+        stream: req.stream,
+        signal: abort.signal,
+      });
+    } catch (error) {
+      unlinkSignal();
+      if (error instanceof Refusal && error.reason === "worker_overloaded") {
+        // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
+        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
+      }
+      if (error instanceof EngineError) {
+        throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
+          retryAfterSeconds: 1,
+          scope: "worker",
+          cause: error,
+        });
+      }
+      throw error;
+    }
+    replica.callStarted();
+    const holdings = this.holdings({
+      replica,
+      lane,
+      session,
+      tokens,
+      hashes: at.hashes,
+      permit: holds.permit,
+      reservation: holds.reservation,
+      uncached,
+      admittedAt,
+      unlinkSignal,
+    });
+    // From here the admitted call owns every hold.
+    holds.permit = null;
+    holds.reservation = null;
+    holds.inflight = 0;
+    holds.step = false;
+    return new AdmittedCallImpl({
+      requestId: req.requestId,
+      lane,
+      replica: replica.id,
+      queueMs,
+      inputTokens: tokens.length,
+      maxTokens,
+      sessionId: session?.id,
+      stream,
+      abort,
+      holdings,
+    });
   }
 
   private holdings(held: {
@@ -600,7 +660,7 @@ export class Scheduler {
         if (firstTokenAt !== undefined) return;
         firstTokenAt = this.clock.now();
         permit?.firstToken();
-        replica.inflightPrefillTokens -= inflight;
+        replica.endPrefill(inflight);
         inflight = 0;
         const ttftMs = firstTokenAt - held.admittedAt;
         if (held.uncached > 0 && ttftMs > 0) replica.prefillRate.observe(held.uncached, ttftMs);
@@ -611,9 +671,9 @@ export class Scheduler {
         held.unlinkSignal();
         permit?.release();
         reservation?.release();
-        replica.inflightPrefillTokens -= inflight;
+        replica.endPrefill(inflight);
         inflight = 0;
-        replica.running--;
+        replica.callEnded();
         replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
         if (outcome === "ok" && replica.index) {

@@ -33,13 +33,10 @@ export class ReplicaRuntime {
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
-  busyUntil = Number.NEGATIVE_INFINITY;
-  /** Uncached prompt tokens of calls waiting in the gate queue. */
-  queuedPrefillTokens = 0;
-  /** Uncached prompt tokens of admitted calls that have no first token yet. */
-  inflightPrefillTokens = 0;
-  /** Calls forwarded to the engine and not yet ended. */
-  running = 0;
+  private busyUntil = Number.NEGATIVE_INFINITY;
+  private queuedPrefill = 0;
+  private inflightPrefill = 0;
+  private runningCalls = 0;
   /** The replica's one completion rate behind every Retry-After (the gate's 529 and 429s, the budget's, the session queue's). */
   private readonly completions: DrainEstimator;
   private signalsSeen: EngineSignals;
@@ -109,6 +106,56 @@ export class ReplicaRuntime {
 
   busy(now: number): boolean {
     return now < this.busyUntil;
+  }
+
+  /** A worker-wide rejection: no new calls are routed here until `until` (clock ms) unless every replica is busy. */
+  markBusy(until: number): void {
+    this.busyUntil = Math.max(this.busyUntil, until);
+  }
+
+  /** Uncached prompt tokens of calls waiting in the gate queue. */
+  get queuedPrefillTokens(): number {
+    return this.queuedPrefill;
+  }
+
+  /** Uncached prompt tokens of admitted calls that have no first token yet. */
+  get inflightPrefillTokens(): number {
+    return this.inflightPrefill;
+  }
+
+  /** Calls forwarded to the engine and not yet ended. */
+  get running(): number {
+    return this.runningCalls;
+  }
+
+  /** A call's uncached prefill waits in the gate queue. */
+  queuePrefill(tokens: number): void {
+    this.queuedPrefill += tokens;
+  }
+
+  /** It left the gate queue (admitted, refused or cancelled). */
+  dequeuePrefill(tokens: number): void {
+    this.queuedPrefill -= tokens;
+  }
+
+  /** A call's uncached prefill reached the engine. */
+  startPrefill(tokens: number): void {
+    this.inflightPrefill += tokens;
+  }
+
+  /** Its first token came, or it ended before one. */
+  endPrefill(tokens: number): void {
+    this.inflightPrefill -= tokens;
+  }
+
+  /** A call was forwarded to the engine. */
+  callStarted(): void {
+    this.runningCalls++;
+  }
+
+  /** A forwarded call ended. */
+  callEnded(): void {
+    this.runningCalls--;
   }
 
   /** Reads fresh signals and lets gate limits, ranks, budget ceiling and index size follow the engine. */
