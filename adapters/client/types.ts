@@ -1,7 +1,7 @@
 /** @module What the client speaks: OpenAI chat shapes, sluice's error, and the transport port (HTTP or NATS). */
 
 import { REFUSAL_STATUS } from "../../src/errors.js";
-import { parseRetryAfter } from "../protocol/retry-after.js";
+import { parseRetryAfter } from "../openai-api/retry-after.js";
 /** An OpenAI chat message. */
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "tool" | (string & {});

@@ -16,7 +16,6 @@ import type {
   CallInput,
   CallRequest,
   ChatMessage,
-  Lane,
   OpenSessionInit,
   SessionView,
 } from "../../src/types.js";
@@ -31,15 +30,10 @@ import {
   type MetricsScheduler,
   type SluiceMetrics,
 } from "../metrics/metrics.js";
-import { expectedIdleMsOf } from "../protocol/call-headers.js";
-import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
-import { collectCall, sseStream } from "./call-response.js";
-import { CallTracker } from "./call-tracker.js";
-import { lingerThenClose } from "./linger.js";
-import type { ResponseContext } from "./openai-format.js";
-import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
-import { adviseRefusal, rateLimitHeaders } from "./refusal-advice.js";
-import { sanitizeRequestId } from "./request-id.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import { collectCall, sseStream } from "../openai-api/call-response.js";
+import type { ResponseContext } from "../openai-api/openai-format.js";
+import { sanitizeRequestId } from "../openai-api/request-id.js";
 import {
   type ChatBody,
   type CompletionBody,
@@ -47,7 +41,12 @@ import {
   completionBodySchema,
   openSessionBodySchema,
   parseBody,
-} from "./schemas.js";
+} from "../openai-api/schemas.js";
+import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
+import { CallTracker } from "./call-tracker.js";
+import { lingerThenClose } from "./linger.js";
+import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
+import { adviseRefusal, rateLimitHeaders } from "./refusal-advice.js";
 
 /** What the HTTP layer needs from the scheduler (`src/scheduler.ts` provides it). */
 export interface HttpScheduler extends MetricsScheduler {
@@ -124,8 +123,6 @@ type Env = {
   Variables: { requestId: string; identity: ApiKeyIdentity | undefined; facts: RequestFacts };
 };
 
-const LANES: readonly Lane[] = ["interactive", "bulk"];
-
 function validateOptions(options: AppOptions): void {
   const limit = options.bodyLimitBytes;
   if (limit !== undefined && !(Number.isInteger(limit) && limit > 0)) {
@@ -162,32 +159,6 @@ function routePattern(path: string): RegExp {
     .map((part) => (part.startsWith(":") ? "[^/]+" : part.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")))
     .join("/");
   return new RegExp(`^${escaped}/?$`);
-}
-
-export function declaredLaneOf(header: string | undefined): Lane | undefined {
-  if (header === undefined) return undefined;
-  const lane = header.trim().toLowerCase();
-  if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
-  throw new Refusal(
-    "invalid_request",
-    `x-sluice-lane must be "interactive" or "bulk", got ${JSON.stringify(header)}`,
-    {
-      param: "x-sluice-lane",
-    },
-  );
-}
-
-export function deadlineOf(header: string | undefined): number | undefined {
-  if (header === undefined) return undefined;
-  const value = Number(header.trim());
-  if (header.trim() === "" || !Number.isFinite(value) || value <= 0) {
-    throw new Refusal(
-      "invalid_request",
-      `x-sluice-deadline-ms must be a positive number of milliseconds, got ${JSON.stringify(header)}`,
-      { param: "x-sluice-deadline-ms" },
-    );
-  }
-  return value;
 }
 
 function sessionKeyOf(c: Context<Env>): string | undefined {
@@ -583,8 +554,8 @@ export function createApp(options: AppOptions): Hono<Env> {
       });
     }
     // Header checks first: they cost nothing and need no body.
-    const declaredLane = declaredLaneOf(c.req.header("x-sluice-lane"));
-    const deadlineMs = deadlineOf(c.req.header("x-sluice-deadline-ms"));
+    const declaredLane = declaredLaneOf("x-sluice-lane", c.req.header("x-sluice-lane"));
+    const deadlineMs = positiveMsOf("x-sluice-deadline-ms", c.req.header("x-sluice-deadline-ms"));
     const expectedIdleMs = expectedIdleMsOf(
       "x-sluice-expected-idle-ms",
       c.req.header("x-sluice-expected-idle-ms"),

@@ -3,14 +3,14 @@
 import { isRetryableStatus, Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
 import { chatInput, completionInput, type HttpScheduler, SESSION_HEADERS } from "../http/app.js";
-import { collectCall } from "../http/call-response.js";
+import { collectCall } from "../openai-api/call-response.js";
 import {
   type ChatBody,
   type CompletionBody,
   chatBodySchema,
   completionBodySchema,
   parseBody,
-} from "../http/schemas.js";
+} from "../openai-api/schemas.js";
 import type { StoredCall } from "./types.js";
 
 /** What a run of a call came to. */

@@ -3,8 +3,9 @@
 import type { Context, Hono, MiddlewareHandler } from "hono";
 import { Refusal } from "../../src/errors.js";
 import type { ApiKeyIdentity } from "../http/api-keys.js";
-import { deadlineOf, declaredLaneOf, type HttpScheduler } from "../http/app.js";
+import type { HttpScheduler } from "../http/app.js";
 import { readJsonBody } from "../http/read-body.js";
+import { declaredLaneOf, positiveMsOf } from "../openai-api/call-headers.js";
 import { checkCallBody, sessionKeyOfHeaders } from "./call-executor.js";
 import { readBodyBytes } from "./idempotency.js";
 import { prefersAsync } from "./prefer.js";
@@ -319,8 +320,8 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     };
 
   const createAsyncJob = async (c: Context<JobsEnv>, endpoint: JobEndpoint, next: () => Promise<void>) => {
-    const declaredLane = declaredLaneOf(c.req.header("x-sluice-lane"));
-    const deadlineMs = deadlineOf(c.req.header("x-sluice-deadline-ms"));
+    const declaredLane = declaredLaneOf("x-sluice-lane", c.req.header("x-sluice-lane"));
+    const deadlineMs = positiveMsOf("x-sluice-deadline-ms", c.req.header("x-sluice-deadline-ms"));
     const text = new TextDecoder().decode(await readBodyBytes(c.req.raw, ctx.bodyLimitBytes));
     const json = await readJsonBody(
       new Request("http://body/", { method: "POST", body: text }),

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { afterEach, describe, test } from "node:test";
 import { SluiceError } from "../../adapters/client/types.js";
-import { CHAT_ROLES } from "../../adapters/http/schemas.js";
+import { CHAT_ROLES } from "../../adapters/openai-api/schemas.js";
 import { assertIdle, assertRefusal, chat, type Harness, makeHarness } from "./harness.js";
 
 let h: Harness | undefined;

@@ -1,6 +1,6 @@
 /** @module Small HTTP facts about an upstream's answers: success, bounded body reads, network error codes, Retry-After. */
 
-import { parseRetryAfter } from "../../protocol/retry-after.js";
+import { parseRetryAfter } from "../../openai-api/retry-after.js";
 import type { UpstreamResponse } from "./transport.js";
 
 export function isRecord(value: unknown): value is Record<string, unknown> {

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { expectedIdleMsOf } from "../../adapters/protocol/call-headers.js";
-import { parseRetryAfter } from "../../adapters/protocol/retry-after.js";
+import { expectedIdleMsOf } from "../../adapters/openai-api/call-headers.js";
+import { parseRetryAfter } from "../../adapters/openai-api/retry-after.js";
 import { Refusal } from "../../src/errors.js";
 
 describe("Retry-After", () => {
