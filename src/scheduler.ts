@@ -30,6 +30,7 @@ import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.j
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { AimdWindow } from "./sessions/aimd-window.js";
 import { SessionAdmission, type SessionRecord } from "./sessions/session-admission.js";
+import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
@@ -1087,15 +1088,7 @@ function load(replica: ReplicaRuntime): number {
   return snapshot ? snapshot.requests + snapshot.queued : replica.running;
 }
 
-/** Session ids are opaque but bounded: printable ASCII, 1–256 characters. */
+/** Session ids are opaque but bounded: printable ASCII, 1–256 characters (`src/sessions/session-id.ts`). */
 export function validateSessionId(id: string): void {
-  if (typeof id !== "string" || id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
-    throw new Refusal(
-      "invalid_request",
-      "a session id must be 1–256 printable ASCII characters without spaces",
-      {
-        param: "session_id",
-      },
-    );
-  }
+  checkSessionId(id);
 }

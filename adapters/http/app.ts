@@ -10,6 +10,7 @@ import { Registry } from "prom-client";
 import { followAbort } from "../../src/abort.js";
 import { type Clock, realClock } from "../../src/clock.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { checkSessionId } from "../../src/sessions/session-id.js";
 import type {
   AdminState,
   AdmittedCall,
@@ -165,16 +166,7 @@ function sessionKeyOf(c: Context<Env>): string | undefined {
   for (const name of SESSION_HEADERS) {
     const value = c.req.header(name)?.trim();
     if (value) {
-      if (value.length > 256 || !/^[\x21-\x7e]+$/.test(value)) {
-        throw new Refusal(
-          "invalid_request",
-          `${name} must be 1–256 printable ASCII characters without spaces`,
-          {
-            param: name,
-          },
-        );
-      }
-      return value;
+      return checkSessionId(value, name);
     }
   }
   return undefined;
@@ -571,16 +563,6 @@ export function createApp(options: AppOptions): Hono<Env> {
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const body =
       endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
-    const models = scheduler.models();
-    if (body.model !== undefined && models.length > 0 && !models.includes(body.model)) {
-      throw new Refusal(
-        "model_not_found",
-        `model ${JSON.stringify(body.model)} is not served here; see GET /v1/models`,
-        {
-          param: "model",
-        },
-      );
-    }
     const identity = c.get("identity");
     const maxTokens =
       (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
@@ -644,7 +626,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     if (signal.aborted) onAbort();
     facts.replica = call.replica;
     facts.lane = call.lane;
-    const model = body.model ?? models[0] ?? "unknown";
+    const model = body.model ?? scheduler.models()[0] ?? "unknown";
     call.result.then(
       (result) => {
         const durationMs = clock.now() - facts.startedAt;

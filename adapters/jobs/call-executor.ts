@@ -1,6 +1,6 @@
 /** @module Runs one stored call through the scheduler, the path an HTTP call takes, and says whether it answered or must wait. */
 
-import { isRetryableStatus, Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { isRetryableStatus, type Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
 import { chatInput, completionInput, type HttpScheduler, SESSION_HEADERS } from "../http/app.js";
 import { collectCall } from "../openai-api/call-response.js";
@@ -8,6 +8,7 @@ import {
   type ChatBody,
   type CompletionBody,
   chatBodySchema,
+  checkServedModel,
   completionBodySchema,
   parseBody,
 } from "../openai-api/schemas.js";
@@ -41,14 +42,7 @@ export function checkCallBody(scheduler: HttpScheduler, call: StoredCall): void 
     call.endpoint === "chat"
       ? parseBody(chatBodySchema, call.body)
       : parseBody(completionBodySchema, call.body);
-  const models = scheduler.models();
-  if (body.model !== undefined && models.length > 0 && !models.includes(body.model)) {
-    throw new Refusal(
-      "model_not_found",
-      `model ${JSON.stringify(body.model)} is not served here; see GET /v1/models`,
-      { param: "model" },
-    );
-  }
+  checkServedModel(scheduler.models(), body.model);
 }
 
 /** The session key a batch line names in its `headers` object (the same headers, in the same order, as HTTP). */

@@ -20,6 +20,7 @@ import {
 } from "nats";
 import type { EngineChunk, EngineResult } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { checkSessionId } from "../../src/sessions/session-id.js";
 import type {
   AdmittedCall,
   CallRequest,
@@ -127,18 +128,7 @@ function isTrue(value: string | undefined): boolean {
 }
 
 function sessionIdOf(value: string | undefined): string | undefined {
-  if (value === undefined) return undefined;
-  const id = value.trim();
-  if (id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
-    throw new Refusal(
-      "invalid_request",
-      `${HEADERS.session} must be 1–256 printable ASCII characters without spaces`,
-      {
-        param: HEADERS.session,
-      },
-    );
-  }
-  return id;
+  return value === undefined ? undefined : checkSessionId(value.trim(), HEADERS.session);
 }
 
 function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unknown {
