@@ -74,14 +74,14 @@ function checkCapacity(replica: string, capacityBlocks: number): number {
   return capacityBlocks;
 }
 
-function grownInt32(old: Int32Array, length: number, fill?: number): Int32Array {
+function grownInt32(old: Int32Array<ArrayBuffer>, length: number, fill?: number): Int32Array<ArrayBuffer> {
   const next = new Int32Array(length);
   next.set(old);
   if (fill !== undefined) next.fill(fill, old.length);
   return next;
 }
 
-function grownUint8(old: Uint8Array, length: number): Uint8Array {
+function grownUint8(old: Uint8Array<ArrayBuffer>, length: number): Uint8Array<ArrayBuffer> {
   const next = new Uint8Array(length);
   next.set(old);
   return next;
@@ -434,7 +434,7 @@ export class FleetPrefixIndex {
     this.nodeHolderCount[node] = 0;
     if (this.keyKind === 1) this.internRefs[this.keyHi]!++;
     if (++this.nodeCount > this.nodeSlots.length * MAX_LOAD) this.rehashNodes(this.nodeSlots.length * 2);
-    else this.insertNodeSlot(node);
+    this.insertNodeSlot(node);
     return node;
   }
 
@@ -523,7 +523,7 @@ export class FleetPrefixIndex {
     this.nodeHolderCount[node]!++;
     this.held[replica]!++;
     if (++this.entryCount > this.entrySlots.length * MAX_LOAD) this.rehashEntries(this.entrySlots.length * 2);
-    else this.insertEntrySlot(entry);
+    this.insertEntrySlot(entry);
     return entry;
   }
 

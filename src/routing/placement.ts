@@ -3,6 +3,7 @@
  * Pure functions over a snapshot; the router owns the state (indexes, pins, busy marks).
  */
 
+import type { FleetPrefixIndex } from "./fleet-prefix-index.js";
 import type { PrefixIndex } from "./prefix-index.js";
 
 /** What the TTFT prediction needs to know about one replica. */
@@ -63,8 +64,11 @@ export function kvPressureMs(kvUsage: number): number {
 /** One replica as placement sees it. */
 export interface PlacementCandidate {
   id: string;
-  /** Its prefix index; null when the router keeps none (e.g. the baselines). */
-  index: PrefixIndex | null;
+  /**
+   * Its own prefix index, consulted when the input carries no fleet index; null or absent when the
+   * router keeps none (e.g. the baselines).
+   */
+  index?: PrefixIndex | null;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
   prefillTokensPerSecond: number;
@@ -82,6 +86,11 @@ export interface PlacementInput {
   /** The replica the session is pinned to, if any. */
   pinned?: string | undefined;
   candidates: readonly PlacementCandidate[];
+  /**
+   * The fleet-wide prefix index: one walk of `hashes` scores every candidate, and a pinned step
+   * that keeps its replica walks for that replica alone. When absent, each candidate's `index`.
+   */
+  fleetIndex?: FleetPrefixIndex | null | undefined;
   /** Tokens per block of `hashes`. */
   blockSize: number;
   /** KV usage at or above which a pinned replica loses the session. Default 0.85. */
@@ -102,6 +111,7 @@ export interface Placement {
   predictedTtftMs: number;
 }
 
+/** A candidate with its predicted hit and TTFT. */
 interface Scored {
   candidate: PlacementCandidate;
   hitTokens: number;
@@ -115,17 +125,25 @@ function better(x: Scored, y: Scored): boolean {
   return x.candidate.kvUsage < y.candidate.kvUsage;
 }
 
-function bestOf(scored: readonly Scored[], except?: Scored): Scored | undefined {
-  let best: Scored | undefined;
-  for (const s of scored) {
-    if (s === except) continue;
-    if (best === undefined || better(s, best)) best = s;
-  }
-  return best;
-}
-
 function choice(s: Scored, reason: PlacementReason): Placement {
   return { replica: s.candidate.id, reason, predictedHitTokens: s.hitTokens, predictedTtftMs: s.ttftMs };
+}
+
+function score(
+  candidate: PlacementCandidate,
+  blocks: number,
+  promptTokens: number,
+  blockSize: number,
+): Scored {
+  const hitTokens = Math.min(blocks * blockSize, promptTokens);
+  const ttftMs = predictTtftMs({
+    uncachedPrefillTokens: promptTokens - hitTokens,
+    queuedPrefillTokens: candidate.queuedPrefillTokens,
+    inflightPrefillTokens: candidate.inflightPrefillTokens,
+    prefillTokensPerSecond: candidate.prefillTokensPerSecond,
+    kvUsage: candidate.kvUsage,
+  });
+  return { candidate, hitTokens, ttftMs };
 }
 
 /**
@@ -140,6 +158,11 @@ function choice(s: Scored, reason: PlacementReason): Placement {
  *   ineligible, busy (while others are not) or gone also yields `affinity_break`.
  * - Otherwise the reason is `prefix` when the chosen replica is predicted to hold ≥ 1 block of
  *   the prompt, else `load`.
+ *
+ * Cost: a pinned replica that is eligible, not busy, below `affinityBreakKv` and predicted within
+ * `affinityBreakMs` keeps the session without any other replica being scored (no alternative's
+ * TTFT is below 0, so none can beat it by the margin). Otherwise every candidate in the pool is
+ * scored, from a single walk of the fleet index.
  */
 export function choosePlacement(input: PlacementInput): Placement | undefined {
   const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
@@ -151,34 +174,65 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
   }
   if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
   if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
+  const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
 
-  let pool = candidates.filter((c) => c.eligible && !c.busy);
-  if (pool.length === 0) pool = candidates.filter((c) => c.eligible);
-  if (pool.length === 0) return undefined;
+  if (pinned !== undefined) {
+    const home = candidates.find((c) => c.id === pinned);
+    if (home !== undefined && home.eligible && !home.busy && home.kvUsage < affinityBreakKv) {
+      const blocks = !usePrefix
+        ? 0
+        : fleetIndex !== null
+          ? fleetIndex.matchReplica(home.id, hashes)
+          : (home.index?.matchBlocks(hashes) ?? 0);
+      const scored = score(home, blocks, promptTokens, blockSize);
+      if (scored.ttftMs <= affinityBreakMs) return choice(scored, "pinned");
+    }
+  }
 
-  const scored: Scored[] = pool.map((candidate) => {
-    const blocks = usePrefix && candidate.index !== null ? candidate.index.matchBlocks(hashes) : 0;
-    const hitTokens = Math.min(blocks * blockSize, promptTokens);
-    const ttftMs = predictTtftMs({
-      uncachedPrefillTokens: promptTokens - hitTokens,
-      queuedPrefillTokens: candidate.queuedPrefillTokens,
-      inflightPrefillTokens: candidate.inflightPrefillTokens,
-      prefillTokensPerSecond: candidate.prefillTokensPerSecond,
-      kvUsage: candidate.kvUsage,
-    });
-    return { candidate, hitTokens, ttftMs };
-  });
+  let anyIdle = false;
+  let anyEligible = false;
+  for (const c of candidates) {
+    if (!c.eligible) continue;
+    anyEligible = true;
+    if (!c.busy) {
+      anyIdle = true;
+      break;
+    }
+  }
+  if (!anyEligible) return undefined;
 
-  const best = bestOf(scored)!;
+  const matches = fleetIndex !== null && hashes.length > 0 ? fleetIndex.match(hashes) : null;
+  let best: Scored | undefined;
+  let home: Scored | undefined;
+  /** Best of the pool except the pinned replica. */
+  let alternative: Scored | undefined;
+  /** Best of the pool except the pinned replica, below the KV break threshold. */
+  let unsaturated: Scored | undefined;
+  for (const candidate of candidates) {
+    if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
+    const blocks = !usePrefix
+      ? 0
+      : fleetIndex !== null
+        ? (matches?.get(candidate.id) ?? 0)
+        : (candidate.index?.matchBlocks(hashes) ?? 0);
+    const s = score(candidate, blocks, promptTokens, blockSize);
+    if (best === undefined || better(s, best)) best = s;
+    if (pinned === undefined) continue;
+    if (candidate.id === pinned && home === undefined) {
+      home = s;
+      continue;
+    }
+    if (alternative === undefined || better(s, alternative)) alternative = s;
+    if (candidate.kvUsage < affinityBreakKv && (unsaturated === undefined || better(s, unsaturated))) {
+      unsaturated = s;
+    }
+  }
+  best = best!;
   if (pinned === undefined) return choice(best, best.hitTokens > 0 ? "prefix" : "load");
-
-  const home = scored.find((s) => s.candidate.id === pinned);
   if (home === undefined) return choice(best, "affinity_break");
-  const alternative = bestOf(scored, home);
   if (alternative === undefined) return choice(home, "pinned");
-  if (home.candidate.kvUsage >= affinityBreakKv) {
-    const unsaturated = bestOf(scored.filter((s) => s !== home && s.candidate.kvUsage < affinityBreakKv));
-    if (unsaturated !== undefined) return choice(unsaturated, "affinity_break");
+  if (home.candidate.kvUsage >= affinityBreakKv && unsaturated !== undefined) {
+    return choice(unsaturated, "affinity_break");
   }
   if (home.ttftMs - alternative.ttftMs > affinityBreakMs) return choice(alternative, "affinity_break");
   return choice(home, "pinned");

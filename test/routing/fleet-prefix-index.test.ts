@@ -116,6 +116,28 @@ describe("FleetPrefixIndex", () => {
     assert.throws(() => index.record("r0", a), /got 0.5/);
   });
 
+  it("grows and shrinks its tables through many records, evictions and forgets", () => {
+    const index = fleet({ r0: 500, r1: 300, r2: 2000 });
+    const sys = prompt(64 * 8, 1);
+    for (let round = 0; round < 60; round++) {
+      const hashes = blockHashes([...sys, ...prompt(64 * (20 + (round % 7)), 10 + round)], 64);
+      index.record(`r${round % 3}`, hashes);
+      if (round % 17 === 16) index.forget("r1");
+      assert.equal(
+        index.matchReplica(`r${round % 3}`, hashes),
+        Math.min(hashes.length, index.blocksHeld(`r${round % 3}`)),
+      );
+    }
+    index.checkInvariants();
+    const stats = index.stats();
+    assert.ok(stats.entries > 1000 && stats.entries <= 2800, `${stats.entries} entries`);
+    assert.ok(stats.allocatedBytes >= stats.liveBytes * 0.5);
+    for (const r of ["r0", "r1", "r2"]) index.forget(r);
+    assert.equal(index.stats().entries, 0);
+    assert.equal(index.stats().nodes, 0);
+    index.checkInvariants();
+  });
+
   it("keeps a tier tag per entry", () => {
     const index = fleet({});
     const a = blockHashes(prompt(64 * 3, 1), 64);
@@ -145,14 +167,14 @@ describe("FleetPrefixIndex", () => {
       fc.record({
         kind: fc.constant("resize" as const),
         replica: fc.integer({ min: 0, max: 5 }),
-        capacity: fc.integer({ min: 1, max: 30 }),
+        capacity: fc.integer({ min: 1, max: 60 }),
       }),
     );
     const hashesOf = (c: { head: number; headBlocks: number; tail: number; tailBlocks: number }) =>
       blockHashes([...prompt(8 * c.headBlocks, c.head), ...prompt(8 * c.tailBlocks, 1000 + c.tail)], 8);
     fc.assert(
       fc.property(
-        fc.array(fc.integer({ min: 1, max: 30 }), { minLength: 6, maxLength: 6 }),
+        fc.array(fc.integer({ min: 1, max: 60 }), { minLength: 6, maxLength: 6 }),
         fc.array(opArb, { maxLength: 80 }),
         (caps, ops) => {
           const capacity = caps.slice();
