@@ -178,7 +178,7 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
 
   if (pinned !== undefined) {
     const home = candidates.find((c) => c.id === pinned);
-    if (home !== undefined && home.eligible && !home.busy && home.kvUsage < affinityBreakKv) {
+    if (home?.eligible && !home.busy && home.kvUsage < affinityBreakKv) {
       const blocks = !usePrefix
         ? 0
         : fleetIndex !== null
