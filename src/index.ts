@@ -22,6 +22,12 @@ export {
   longestPrefixMatch,
 } from "./routing/block-hash.js";
 export {
+  type BlockTier,
+  FleetPrefixIndex,
+  type FleetPrefixIndexOptions,
+  type FleetPrefixIndexStats,
+} from "./routing/fleet-prefix-index.js";
+export {
   choosePlacement,
   type Placement,
   type PlacementCandidate,
