@@ -28,15 +28,17 @@ export interface FleetPrefixIndexStats {
   replicas: number;
   /** Bytes of the typed arrays, allocated (including room to grow). */
   allocatedBytes: number;
-  /** Bytes those arrays would need for exactly the live nodes and entries at the tables' load limit. */
+  /** Bytes the arrays would take sized exactly to the live nodes and entries (hash tables as they are). */
   liveBytes: number;
 }
 
 const NONE = -1;
 /** Parent id of a first block. */
 const ROOT = -1;
-/** Hash tables grow past this load (linear probing stays short below it). */
+/** Hash tables grow past this load (linear probing stays short below it)… */
 const MAX_LOAD = 0.7;
+/** …to this load: tables are sized to their count, not to powers of two. */
+const REHASH_LOAD = 0.5;
 /** Bytes per node: hi, lo, parent, holder head, holder count (Int32) and kind (Uint8). */
 const NODE_BYTES = 5 * 4 + 1;
 /** Bytes per entry: node, replica, LRU prev/next, holder prev/next (Int32) and tier (Uint8). */
@@ -144,6 +146,9 @@ export class FleetPrefixIndex {
   private readonly internRefs: number[] = [];
   private readonly internFree: number[] = [];
 
+  /** Scratch for `matchReplica`: the nodes of the walked path. */
+  private path = new Int32Array(256);
+
   // The key parsed by `parseKey`, kept in fields so a walk allocates nothing.
   private keyHi = 0;
   private keyLo = 0;
@@ -211,19 +216,35 @@ export class FleetPrefixIndex {
     return result;
   }
 
-  /** One replica's longest unbroken prefix of `hashes`, in blocks (0 when none): a pinned step's check. */
+  /**
+   * One replica's longest unbroken prefix of `hashes`, in blocks (0 when none): a pinned step's
+   * check. Walks the path once, then finds where the replica drops off it by bisection — it holds
+   * a prefix of any path, so its entries need not be probed block by block.
+   */
   matchReplica(replica: string, hashes: readonly string[]): number {
     const r = this.replicaIds.get(replica);
     if (r === undefined) return 0;
+    if (this.path.length < hashes.length)
+      this.path = new Int32Array(Math.max(hashes.length, this.path.length * 2));
+    const path = this.path;
     let parent = ROOT;
     let depth = 0;
     for (; depth < hashes.length; depth++) {
       if (!this.parseKey(hashes[depth]!, false)) break;
       const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
-      if (node === NONE || this.findEntry(node, r) === NONE) break;
+      if (node === NONE) break;
+      path[depth] = node;
       parent = node;
     }
-    return depth;
+    // Invariant: r holds path[0 … lo−1] and not path[hi … depth−1].
+    let lo = 0;
+    let hi = depth;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.findEntry(path[mid]!, r) !== NONE) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
   }
 
   /** Forgets everything `replica` holds (it left, restarted or reset its prefix cache). */
@@ -290,7 +311,10 @@ export class FleetPrefixIndex {
       this.entryTier.byteLength +
       this.entrySlots.byteLength;
     const liveBytes =
-      this.nodeCount * (NODE_BYTES + 4 / MAX_LOAD) + this.entryCount * (ENTRY_BYTES + 4 / MAX_LOAD);
+      this.nodeCount * NODE_BYTES +
+      this.nodeSlots.byteLength +
+      this.entryCount * ENTRY_BYTES +
+      this.entrySlots.byteLength;
     return {
       nodes: this.nodeCount,
       entries: this.entryCount,
@@ -402,8 +426,8 @@ export class FleetPrefixIndex {
 
   private findNode(parent: number, hi: number, lo: number, kind: number): number {
     const slots = this.nodeSlots;
-    const mask = slots.length - 1;
-    for (let i = nodeHash(parent, hi, lo) & mask; ; i = (i + 1) & mask) {
+    const size = slots.length;
+    for (let i = (nodeHash(parent, hi, lo) & 0x7fffffff) % size; ; i = i + 1 === size ? 0 : i + 1) {
       const node = slots[i]!;
       if (node === NONE) return NONE;
       if (
@@ -433,31 +457,33 @@ export class FleetPrefixIndex {
     this.nodeHolders[node] = NONE;
     this.nodeHolderCount[node] = 0;
     if (this.keyKind === 1) this.internRefs[this.keyHi]!++;
-    if (++this.nodeCount > this.nodeSlots.length * MAX_LOAD) this.rehashNodes(this.nodeSlots.length * 2);
+    if (++this.nodeCount > this.nodeSlots.length * MAX_LOAD)
+      this.rehashNodes(Math.ceil(this.nodeCount / REHASH_LOAD));
     this.insertNodeSlot(node);
     return node;
   }
 
   private insertNodeSlot(node: number): void {
     const slots = this.nodeSlots;
-    const mask = slots.length - 1;
-    let i = nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & mask;
-    while (slots[i] !== NONE) i = (i + 1) & mask;
+    const size = slots.length;
+    let i = (nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & 0x7fffffff) % size;
+    while (slots[i] !== NONE) i = i + 1 === size ? 0 : i + 1;
     slots[i] = node;
   }
 
   private removeNode(node: number): void {
     const slots = this.nodeSlots;
-    const mask = slots.length - 1;
-    let i = nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & mask;
-    while (slots[i] !== node) i = (i + 1) & mask;
+    const size = slots.length;
+    let i = (nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & 0x7fffffff) % size;
+    while (slots[i] !== node) i = i + 1 === size ? 0 : i + 1;
     // Backward-shift deletion: no tombstones, probes stay as short as the load allows.
     let j = i;
     for (;;) {
-      j = (j + 1) & mask;
+      j = j + 1 === size ? 0 : j + 1;
       const other = slots[j]!;
       if (other === NONE) break;
-      const home = nodeHash(this.nodeParent[other]!, this.nodeHi[other]!, this.nodeLo[other]!) & mask;
+      const home =
+        (nodeHash(this.nodeParent[other]!, this.nodeHi[other]!, this.nodeLo[other]!) & 0x7fffffff) % size;
       if (i <= j ? i < home && home <= j : i < home || home <= j) continue;
       slots[i] = other;
       i = j;
@@ -477,7 +503,7 @@ export class FleetPrefixIndex {
   }
 
   private growNodes(): void {
-    const length = Math.ceil(this.nodeHi.length * 1.5);
+    const length = this.grownLength(this.nodeHi.length);
     this.nodeHi = grownInt32(this.nodeHi, length);
     this.nodeLo = grownInt32(this.nodeLo, length);
     this.nodeParent = grownInt32(this.nodeParent, length);
@@ -496,8 +522,8 @@ export class FleetPrefixIndex {
 
   private findEntry(node: number, replica: number): number {
     const slots = this.entrySlots;
-    const mask = slots.length - 1;
-    for (let i = entryHash(node, replica) & mask; ; i = (i + 1) & mask) {
+    const size = slots.length;
+    for (let i = (entryHash(node, replica) & 0x7fffffff) % size; ; i = i + 1 === size ? 0 : i + 1) {
       const entry = slots[i]!;
       if (entry === NONE) return NONE;
       if (this.entryNode[entry] === node && this.entryReplica[entry] === replica) return entry;
@@ -522,16 +548,17 @@ export class FleetPrefixIndex {
     this.nodeHolders[node] = entry;
     this.nodeHolderCount[node]!++;
     this.held[replica]!++;
-    if (++this.entryCount > this.entrySlots.length * MAX_LOAD) this.rehashEntries(this.entrySlots.length * 2);
+    if (++this.entryCount > this.entrySlots.length * MAX_LOAD)
+      this.rehashEntries(Math.ceil(this.entryCount / REHASH_LOAD));
     this.insertEntrySlot(entry);
     return entry;
   }
 
   private insertEntrySlot(entry: number): void {
     const slots = this.entrySlots;
-    const mask = slots.length - 1;
-    let i = entryHash(this.entryNode[entry]!, this.entryReplica[entry]!) & mask;
-    while (slots[i] !== NONE) i = (i + 1) & mask;
+    const size = slots.length;
+    let i = (entryHash(this.entryNode[entry]!, this.entryReplica[entry]!) & 0x7fffffff) % size;
+    while (slots[i] !== NONE) i = i + 1 === size ? 0 : i + 1;
     slots[i] = entry;
   }
 
@@ -545,15 +572,15 @@ export class FleetPrefixIndex {
     else this.nodeHolders[node] = next;
     if (next !== NONE) this.holderPrev[next] = prev;
     const slots = this.entrySlots;
-    const mask = slots.length - 1;
-    let i = entryHash(node, replica) & mask;
-    while (slots[i] !== entry) i = (i + 1) & mask;
+    const size = slots.length;
+    let i = (entryHash(node, replica) & 0x7fffffff) % size;
+    while (slots[i] !== entry) i = i + 1 === size ? 0 : i + 1;
     let j = i;
     for (;;) {
-      j = (j + 1) & mask;
+      j = j + 1 === size ? 0 : j + 1;
       const other = slots[j]!;
       if (other === NONE) break;
-      const home = entryHash(this.entryNode[other]!, this.entryReplica[other]!) & mask;
+      const home = (entryHash(this.entryNode[other]!, this.entryReplica[other]!) & 0x7fffffff) % size;
       if (i <= j ? i < home && home <= j : i < home || home <= j) continue;
       slots[i] = other;
       i = j;
@@ -567,7 +594,7 @@ export class FleetPrefixIndex {
   }
 
   private growEntries(): void {
-    const length = Math.ceil(this.entryNode.length * 1.5);
+    const length = this.grownLength(this.entryNode.length);
     this.entryNode = grownInt32(this.entryNode, length);
     this.entryReplica = grownInt32(this.entryReplica, length);
     this.lruPrev = grownInt32(this.lruPrev, length);
@@ -575,6 +602,17 @@ export class FleetPrefixIndex {
     this.holderPrev = grownInt32(this.holderPrev, length);
     this.holderNext = grownInt32(this.holderNext, length);
     this.entryTier = grownUint8(this.entryTier, length);
+  }
+
+  /**
+   * The next length of the node or entry arrays: half as long again, but no longer than the
+   * fleet's total capacity (neither can exceed it once trimmed), so a full fleet wastes no room.
+   */
+  private grownLength(length: number): number {
+    let total = 0;
+    for (const r of this.replicaIds.values()) total += this.capacity[r]!;
+    const wanted = Math.ceil(length * 1.5);
+    return total > length ? Math.min(wanted, total) : length + Math.max(64, Math.ceil(length / 8));
   }
 
   private rehashEntries(size: number): void {
