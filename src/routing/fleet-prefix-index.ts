@@ -146,6 +146,10 @@ export class FleetPrefixIndex {
   private readonly internRefs: number[] = [];
   private readonly internFree: number[] = [];
 
+  /** Scratch for `match`: per replica slot, the stamp of the last drop check that saw it hold the block. */
+  private stamps = new Int32Array(64);
+  private stamp = 0;
+
   /** Scratch for `matchReplica`: the nodes of the walked path. */
   private path = new Int32Array(256);
 
@@ -200,10 +204,15 @@ export class FleetPrefixIndex {
       const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
       if (node === NONE) break;
       if (parent !== ROOT && counts[node]! < counts[parent]!) {
-        // Holders only shrink along a path: those of the parent missing here stop at `depth`.
+        // Holders only shrink along a path: those of the parent not stamped as holders here stop at `depth`.
+        const stamp = this.nextStamp();
+        const stamps = this.stamps;
+        for (let e = this.nodeHolders[node]!; e !== NONE; e = this.holderNext[e]!) {
+          stamps[this.entryReplica[e]!] = stamp;
+        }
         for (let e = this.nodeHolders[parent]!; e !== NONE; e = this.holderNext[e]!) {
           const r = this.entryReplica[e]!;
-          if (this.findEntry(node, r) === NONE) result.set(this.replicaName[r]!, depth);
+          if (stamps[r] !== stamp) result.set(this.replicaName[r]!, depth);
         }
       }
       parent = node;
@@ -634,6 +643,18 @@ export class FleetPrefixIndex {
     this.held[r] = 0;
     this.capacity[r] = 1;
     return r;
+  }
+
+  /** A fresh stamp for `match`'s drop check, the stamp array covering every replica slot. */
+  private nextStamp(): number {
+    if (this.stamps.length < this.replicaName.length) {
+      this.stamps = new Int32Array(Math.max(this.replicaName.length, this.stamps.length * 2));
+    }
+    if (this.stamp === 0x7fffffff) {
+      this.stamps.fill(0);
+      this.stamp = 0;
+    }
+    return ++this.stamp;
   }
 
   private unlinkLru(entry: number, replica: number): void {

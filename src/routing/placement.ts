@@ -39,8 +39,23 @@ const KV_USAGE_CAP = 0.999;
  * @throws RangeError when the rate is not a positive finite number or a count is negative
  */
 export function predictTtftMs(candidate: TtftInput): number {
-  const { uncachedPrefillTokens, queuedPrefillTokens, inflightPrefillTokens, prefillTokensPerSecond } =
-    candidate;
+  return ttftMs(
+    candidate.uncachedPrefillTokens,
+    candidate.queuedPrefillTokens,
+    candidate.inflightPrefillTokens,
+    candidate.prefillTokensPerSecond,
+    candidate.kvUsage,
+  );
+}
+
+/** {@link predictTtftMs} over plain numbers: placement scores a whole fleet without an object per replica. */
+function ttftMs(
+  uncachedPrefillTokens: number,
+  queuedPrefillTokens: number,
+  inflightPrefillTokens: number,
+  prefillTokensPerSecond: number,
+  kvUsage: number,
+): number {
   if (!(prefillTokensPerSecond > 0) || !Number.isFinite(prefillTokensPerSecond)) {
     throw new RangeError(`prefillTokensPerSecond should be a positive number, got ${prefillTokensPerSecond}`);
   }
@@ -51,7 +66,7 @@ export function predictTtftMs(candidate: TtftInput): number {
   }
   const prefillMs =
     ((uncachedPrefillTokens + queuedPrefillTokens + inflightPrefillTokens) / prefillTokensPerSecond) * 1000;
-  return prefillMs + kvPressureMs(candidate.kvUsage);
+  return prefillMs + kvPressureMs(kvUsage);
 }
 
 /** The KV-pressure term alone, ms (0 for usage ≤ 0 or not a number). */
@@ -118,11 +133,12 @@ interface Scored {
   ttftMs: number;
 }
 
-/** Lower TTFT first; then more cached tokens; then lower KV usage; then candidate order. */
-function better(x: Scored, y: Scored): boolean {
-  if (x.ttftMs !== y.ttftMs) return x.ttftMs < y.ttftMs;
-  if (x.hitTokens !== y.hitTokens) return x.hitTokens > y.hitTokens;
-  return x.candidate.kvUsage < y.candidate.kvUsage;
+/** Lower TTFT first; then more cached tokens; then lower KV usage; then candidate order (the incumbent stays). */
+function beats(ttft: number, hitTokens: number, kvUsage: number, incumbent: Scored | undefined): boolean {
+  if (incumbent === undefined) return true;
+  if (ttft !== incumbent.ttftMs) return ttft < incumbent.ttftMs;
+  if (hitTokens !== incumbent.hitTokens) return hitTokens > incumbent.hitTokens;
+  return kvUsage < incumbent.candidate.kvUsage;
 }
 
 function choice(s: Scored, reason: PlacementReason): Placement {
@@ -136,14 +152,17 @@ function score(
   blockSize: number,
 ): Scored {
   const hitTokens = Math.min(blocks * blockSize, promptTokens);
-  const ttftMs = predictTtftMs({
-    uncachedPrefillTokens: promptTokens - hitTokens,
-    queuedPrefillTokens: candidate.queuedPrefillTokens,
-    inflightPrefillTokens: candidate.inflightPrefillTokens,
-    prefillTokensPerSecond: candidate.prefillTokensPerSecond,
-    kvUsage: candidate.kvUsage,
-  });
-  return { candidate, hitTokens, ttftMs };
+  return { candidate, hitTokens, ttftMs: ttftOf(candidate, promptTokens - hitTokens) };
+}
+
+function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number): number {
+  return ttftMs(
+    uncachedPrefillTokens,
+    candidate.queuedPrefillTokens,
+    candidate.inflightPrefillTokens,
+    candidate.prefillTokensPerSecond,
+    candidate.kvUsage,
+  );
 }
 
 /**
@@ -215,15 +234,26 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
       : fleetIndex !== null
         ? (matches?.get(candidate.id) ?? 0)
         : (candidate.index?.matchBlocks(hashes) ?? 0);
-    const s = score(candidate, blocks, promptTokens, blockSize);
-    if (best === undefined || better(s, best)) best = s;
+    const hitTokens = Math.min(blocks * blockSize, promptTokens);
+    const ttft = ttftOf(candidate, promptTokens - hitTokens);
+    const kv = candidate.kvUsage;
+    // A Scored object only for a candidate that leads something: no allocation per replica.
+    let s: Scored | undefined;
+    if (beats(ttft, hitTokens, kv, best)) {
+      s = { candidate, hitTokens, ttftMs: ttft };
+      best = s;
+    }
     if (pinned === undefined) continue;
     if (candidate.id === pinned && home === undefined) {
-      home = s;
+      home = s ?? { candidate, hitTokens, ttftMs: ttft };
       continue;
     }
-    if (alternative === undefined || better(s, alternative)) alternative = s;
-    if (candidate.kvUsage < affinityBreakKv && (unsaturated === undefined || better(s, unsaturated))) {
+    if (beats(ttft, hitTokens, kv, alternative)) {
+      s ??= { candidate, hitTokens, ttftMs: ttft };
+      alternative = s;
+    }
+    if (kv < affinityBreakKv && beats(ttft, hitTokens, kv, unsaturated)) {
+      s ??= { candidate, hitTokens, ttftMs: ttft };
       unsaturated = s;
     }
   }
