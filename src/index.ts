@@ -29,6 +29,7 @@ export {
 } from "./routing/fleet-prefix-index.js";
 export {
   choosePlacement,
+  keepPin,
   type Placement,
   type PlacementCandidate,
   type PlacementInput,

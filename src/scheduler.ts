@@ -26,7 +26,12 @@ import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
 import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
 import { FleetPrefixIndex } from "./routing/fleet-prefix-index.js";
-import { choosePlacement, type Placement as PlacementDecision } from "./routing/placement.js";
+import {
+  choosePlacement,
+  keepPin,
+  type PlacementCandidate,
+  type Placement as PlacementDecision,
+} from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { AimdWindow } from "./sessions/aimd-window.js";
@@ -672,25 +677,30 @@ export class Scheduler {
     candidates: readonly ReplicaRuntime[],
   ): PlacementDecision | undefined {
     const now = this.clock.now();
-    return choosePlacement({
+    const candidate = (replica: ReplicaRuntime) => ({
+      id: replica.id,
+      queuedPrefillTokens: replica.queuedPrefillTokens,
+      inflightPrefillTokens: replica.inflightPrefillTokens,
+      prefillTokensPerSecond: replica.prefillRate.rate(),
+      kvUsage: replica.signals.kvUsage,
+      busy: replica.busy(now),
+      eligible: replica.healthy(),
+    });
+    const input = {
       promptTokens: tokens.length,
       hashes,
       ...(pinned !== undefined ? { pinned } : {}),
-      candidates: candidates.map((replica) => ({
-        id: replica.id,
-        queuedPrefillTokens: replica.queuedPrefillTokens,
-        inflightPrefillTokens: replica.inflightPrefillTokens,
-        prefillTokensPerSecond: replica.prefillRate.rate(),
-        kvUsage: replica.signals.kvUsage,
-        busy: replica.busy(now),
-        eligible: replica.healthy(),
-      })),
+      candidates: [] as PlacementCandidate[],
       fleetIndex: this.prefixIndex,
       blockSize: this.config.blockSize,
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
       usePrefix: this.features.placement === "prefix",
-    });
+    };
+    // A pin that holds on its own needs neither the other replicas' snapshots nor their scores.
+    const home = pinned === undefined ? undefined : candidates.find((replica) => replica.id === pinned);
+    const kept = home && keepPin({ ...input, candidates: [candidate(home)] });
+    return kept ?? choosePlacement({ ...input, candidates: candidates.map(candidate) });
   }
 
   private replicasOf(ids: readonly string[], eligible: readonly ReplicaRuntime[]): ReplicaRuntime[] {

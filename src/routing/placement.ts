@@ -165,6 +165,43 @@ function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number): n
   );
 }
 
+/** The affinity settings with their defaults, after checking every number of the input. */
+function checkedSettings(input: PlacementInput): { affinityBreakKv: number; affinityBreakMs: number } {
+  const { promptTokens, blockSize } = input;
+  const affinityBreakKv = input.affinityBreakKv ?? 0.85;
+  const affinityBreakMs = input.affinityBreakMs ?? 5000;
+  if (!(promptTokens >= 0)) throw new RangeError(`promptTokens should be ≥ 0, got ${promptTokens}`);
+  if (!Number.isInteger(blockSize) || blockSize < 1) {
+    throw new RangeError(`blockSize should be a positive integer, got ${blockSize}`);
+  }
+  if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
+  if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
+  return { affinityBreakKv, affinityBreakMs };
+}
+
+/**
+ * The pinned step's shortcut: the placement {@link choosePlacement} would return when the pinned
+ * replica keeps the session on its own merits — eligible, not busy, below `affinityBreakKv` and
+ * predicted within `affinityBreakMs` (no alternative's TTFT is below 0, so none can beat it by
+ * the margin) — else undefined, and the whole pool must be scored. Only the pinned candidate is
+ * read, so a caller may pass that one alone and build the others only when this returns undefined.
+ */
+export function keepPin(input: PlacementInput): Placement | undefined {
+  const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
+  if (pinned === undefined) return undefined;
+  const { affinityBreakKv, affinityBreakMs } = checkedSettings(input);
+  const home = candidates.find((c) => c.id === pinned);
+  if (!home?.eligible || home.busy || !(home.kvUsage < affinityBreakKv)) return undefined;
+  const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
+  const blocks = !usePrefix
+    ? 0
+    : fleetIndex !== null
+      ? fleetIndex.matchReplica(home.id, hashes)
+      : (home.index?.matchBlocks(hashes) ?? 0);
+  const scored = score(home, blocks, promptTokens, blockSize);
+  return scored.ttftMs <= affinityBreakMs ? choice(scored, "pinned") : undefined;
+}
+
 /**
  * Chooses the replica for a call (SPEC 7), or undefined when no replica is eligible.
  *
@@ -185,27 +222,12 @@ function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number): n
  */
 export function choosePlacement(input: PlacementInput): Placement | undefined {
   const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
-  const affinityBreakKv = input.affinityBreakKv ?? 0.85;
-  const affinityBreakMs = input.affinityBreakMs ?? 5000;
-  if (!(promptTokens >= 0)) throw new RangeError(`promptTokens should be ≥ 0, got ${promptTokens}`);
-  if (!Number.isInteger(blockSize) || blockSize < 1) {
-    throw new RangeError(`blockSize should be a positive integer, got ${blockSize}`);
-  }
-  if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
-  if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
+  const { affinityBreakKv, affinityBreakMs } = checkedSettings(input);
   const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
 
   if (pinned !== undefined) {
-    const home = candidates.find((c) => c.id === pinned);
-    if (home?.eligible && !home.busy && home.kvUsage < affinityBreakKv) {
-      const blocks = !usePrefix
-        ? 0
-        : fleetIndex !== null
-          ? fleetIndex.matchReplica(home.id, hashes)
-          : (home.index?.matchBlocks(hashes) ?? 0);
-      const scored = score(home, blocks, promptTokens, blockSize);
-      if (scored.ttftMs <= affinityBreakMs) return choice(scored, "pinned");
-    }
+    const kept = keepPin(input);
+    if (kept !== undefined) return kept;
   }
 
   let anyIdle = false;

@@ -5,7 +5,7 @@ import { describe, it } from "node:test";
 import fc from "fast-check";
 import { blockHashes } from "../../src/routing/block-hash.js";
 import { FleetPrefixIndex } from "../../src/routing/fleet-prefix-index.js";
-import { choosePlacement, type PlacementCandidate } from "../../src/routing/placement.js";
+import { choosePlacement, keepPin, type PlacementCandidate } from "../../src/routing/placement.js";
 import { PrefixIndex } from "../../src/routing/prefix-index.js";
 
 const BLOCK = 16;
@@ -91,6 +91,10 @@ describe("choosePlacement with a fleet index", () => {
           const expected = choosePlacement({ ...input, candidates: perReplica });
           const actual = choosePlacement({ ...input, candidates: shared, fleetIndex });
           assert.deepEqual(actual, expected);
+          // The shortcut, given the pinned candidate alone, either agrees or defers to the full pass.
+          const home = shared.filter((c) => c.id === input.pinned);
+          const kept = keepPin({ ...input, candidates: home, fleetIndex });
+          if (kept !== undefined) assert.deepEqual(kept, expected);
         },
       ),
       { numRuns: 400, endOnFailure: true },
