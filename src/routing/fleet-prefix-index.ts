@@ -15,7 +15,10 @@ const TIER_CODE: Record<BlockTier, number> = { gpu: 0, host: 1 };
 const TIER_NAME: readonly BlockTier[] = ["gpu", "host"];
 
 export interface FleetPrefixIndexOptions {
-  /** KV capacity of a replica in blocks (≥ 1); asked when the replica first records and on each record. */
+  /**
+   * KV capacity of a replica in blocks (an integer ≥ 1, or Infinity for no limit); asked on each
+   * record of that replica.
+   */
   capacityBlocks: (replica: string) => number;
 }
 
@@ -68,7 +71,10 @@ function entryHash(node: number, replica: number): number {
 }
 
 function checkCapacity(replica: string, capacityBlocks: number): number {
-  if (!Number.isInteger(capacityBlocks) || capacityBlocks < 1) {
+  if (
+    !(Number.isInteger(capacityBlocks) || capacityBlocks === Number.POSITIVE_INFINITY) ||
+    capacityBlocks < 1
+  ) {
     throw new RangeError(
       `capacityBlocks of replica "${replica}" should be a positive integer, got ${capacityBlocks}`,
     );

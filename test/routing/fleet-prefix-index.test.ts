@@ -114,6 +114,10 @@ describe("FleetPrefixIndex", () => {
     assert.equal(index.blocksHeld("r0"), 2);
     capacity = 0.5;
     assert.throws(() => index.record("r0", a), /got 0.5/);
+    capacity = Number.POSITIVE_INFINITY;
+    index.record("r0", a);
+    assert.equal(index.blocksHeld("r0"), 10);
+    index.checkInvariants();
   });
 
   it("grows and shrinks its tables through many records, evictions and forgets", () => {
