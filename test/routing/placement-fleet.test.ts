@@ -35,8 +35,8 @@ const replicaArb = fc.record({
   capacity: fc.integer({ min: 1, max: 40 }),
   queuedPrefillTokens: fc.integer({ min: 0, max: 20_000 }),
   inflightPrefillTokens: fc.integer({ min: 0, max: 20_000 }),
-  prefillTokensPerSecond: fc.integer({ min: 100, max: 50_000 }),
-  kvUsage: fc.double({ min: 0, max: 1, noNaN: true }),
+  prefillTokensPerSecond: fc.integer({ min: 2000, max: 50_000 }),
+  kvUsage: fc.oneof(fc.double({ min: 0, max: 0.6, noNaN: true }), fc.double({ min: 0, max: 1, noNaN: true })),
   busy: fc.boolean(),
   eligible: fc.integer({ min: 0, max: 4 }).map((n) => n > 0),
   records: fc.array(chainArb, { maxLength: 6 }),
@@ -50,7 +50,7 @@ describe("choosePlacement with a fleet index", () => {
         chainArb,
         fc.option(fc.integer({ min: 0, max: 11 }), { nil: undefined }),
         fc.integer({ min: 0, max: 8000 }),
-        fc.double({ min: 0, max: 1, noNaN: true }),
+        fc.double({ min: 0.3, max: 1, noNaN: true }),
         fc.integer({ min: 0, max: 5 }).map((n) => n > 0),
         (replicas, promptChain, pinnedIndex, affinityBreakMs, affinityBreakKv, usePrefix) => {
           const fleetIndex = new FleetPrefixIndex({
