@@ -25,7 +25,13 @@ import { EngineError, Refusal } from "./errors.js";
 import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
 import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
-import { choosePlacement, type Placement as PlacementDecision } from "./routing/placement.js";
+import { FleetPrefixIndex } from "./routing/fleet-prefix-index.js";
+import {
+  choosePlacement,
+  keepPin,
+  type PlacementCandidate,
+  type Placement as PlacementDecision,
+} from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { AimdWindow } from "./sessions/aimd-window.js";
@@ -111,6 +117,8 @@ export class Scheduler {
   private readonly clock: Clock;
   private readonly replicas: ReplicaRuntime[];
   private readonly byId = new Map<string, ReplicaRuntime>();
+  /** Blocks each replica is believed to hold, one index for the fleet; null for policies without prefix routing. */
+  private readonly prefixIndex: FleetPrefixIndex | null;
   private readonly promptTokenizer: PromptTokenizer | undefined;
   private readonly tokenizer: Tokenizer | undefined;
   private readonly listeners: SchedulerEvents[] = [];
@@ -140,10 +148,14 @@ export class Scheduler {
     this.sessionDirectory = options.sessionDirectory;
     this.promptTokenizer = options.tokenizer ? new PromptTokenizer(options.tokenizer) : undefined;
     if (options.events) this.listeners.push(options.events);
+    this.prefixIndex =
+      this.features.placement === "prefix"
+        ? new FleetPrefixIndex({ capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1 })
+        : null;
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
         throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
-      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features);
+      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features, this.prefixIndex);
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
@@ -681,7 +693,7 @@ export class Scheduler {
           const blockSize = this.config.blockSize;
           const promptBlocks = Math.floor(held.tokens.length / blockSize);
           const tail = held.tokens.slice(promptBlocks * blockSize).concat(outputTokens);
-          replica.index.record(extendBlockHashes(held.hashes, tail, blockSize));
+          replica.index.record(replica.id, extendBlockHashes(held.hashes, tail, blockSize));
         }
         if (session) {
           this.admission.endStep(session, {
@@ -726,25 +738,30 @@ export class Scheduler {
     candidates: readonly ReplicaRuntime[],
   ): PlacementDecision | undefined {
     const now = this.clock.now();
-    return choosePlacement({
+    const candidate = (replica: ReplicaRuntime) => ({
+      id: replica.id,
+      queuedPrefillTokens: replica.queuedPrefillTokens,
+      inflightPrefillTokens: replica.inflightPrefillTokens,
+      prefillTokensPerSecond: replica.prefillRate.rate(),
+      kvUsage: replica.signals.kvUsage,
+      busy: replica.busy(now),
+      eligible: replica.healthy(),
+    });
+    const input = {
       promptTokens: tokens.length,
       hashes,
       ...(pinned !== undefined ? { pinned } : {}),
-      candidates: candidates.map((replica) => ({
-        id: replica.id,
-        index: replica.index,
-        queuedPrefillTokens: replica.queuedPrefillTokens,
-        inflightPrefillTokens: replica.inflightPrefillTokens,
-        prefillTokensPerSecond: replica.prefillRate.rate(),
-        kvUsage: replica.signals.kvUsage,
-        busy: replica.busy(now),
-        eligible: replica.healthy(),
-      })),
+      candidates: [] as PlacementCandidate[],
+      fleetIndex: this.prefixIndex,
       blockSize: this.config.blockSize,
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
       usePrefix: this.features.placement === "prefix",
-    });
+    };
+    // A pin that holds on its own needs neither the other replicas' snapshots nor their scores.
+    const home = pinned === undefined ? undefined : candidates.find((replica) => replica.id === pinned);
+    const kept = home && keepPin({ ...input, candidates: [candidate(home)] });
+    return kept ?? choosePlacement({ ...input, candidates: candidates.map(candidate) });
   }
 
   private replicasOf(ids: readonly string[], eligible: readonly ReplicaRuntime[]): ReplicaRuntime[] {

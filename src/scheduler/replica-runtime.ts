@@ -9,7 +9,7 @@ import { LANE_DEFAULTS } from "../config/scheduler-config.js";
 import type { Engine, EngineSignals } from "../engine.js";
 import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
-import { PrefixIndex } from "../routing/prefix-index.js";
+import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
 import { HitRateMeter } from "../signals/hit-rate.js";
@@ -29,7 +29,10 @@ export class ReplicaRuntime {
   readonly window: AimdWindow | null;
   /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
   tokenWindow: TokenWindow | null;
-  readonly index: PrefixIndex | null;
+  /** The fleet-wide prefix index this replica records into; null when the policy keeps none. */
+  readonly index: FleetPrefixIndex | null;
+  /** This replica's capacity in the prefix index, blocks (its KV capacity over the block size). */
+  indexCapacityBlocks: number;
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
@@ -47,6 +50,7 @@ export class ReplicaRuntime {
     clock: Clock,
     private readonly config: SchedulerConfig,
     features: PolicyFeatures,
+    fleetIndex: FleetPrefixIndex | null = null,
   ) {
     this.id = engine.id;
     this.engine = engine;
@@ -82,12 +86,11 @@ export class ReplicaRuntime {
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
-    this.index =
-      features.placement === "prefix"
-        ? new PrefixIndex(
-            Math.max(1, Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize)),
-          )
-        : null;
+    this.index = features.placement === "prefix" ? fleetIndex : null;
+    this.indexCapacityBlocks = Math.max(
+      1,
+      Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize),
+    );
   }
 
   /** The latest signals the engine reported. */
@@ -181,7 +184,10 @@ export class ReplicaRuntime {
     }
     if (this.index && signals.kvCapacityTokens > 0) {
       const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
-      if (blocks !== this.index.capacity) this.index.resize(blocks);
+      if (blocks !== this.indexCapacityBlocks) {
+        this.indexCapacityBlocks = blocks;
+        this.index.resize(this.id, blocks);
+      }
     }
     return signals;
   }
