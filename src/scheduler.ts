@@ -8,7 +8,7 @@
 
 import { followAbort } from "./abort.js";
 import { classifyLane } from "./budget/classify-lane.js";
-import { checkDeadline, predictTtftMs } from "./budget/feasibility.js";
+import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
 import type { Reservation } from "./budget/token-budget.js";
 import { type Cancel, type Clock, realClock } from "./clock.js";
@@ -29,6 +29,7 @@ import { FleetPrefixIndex } from "./routing/fleet-prefix-index.js";
 import {
   choosePlacement,
   keepPin,
+  predictTtftMs,
   type PlacementCandidate,
   type Placement as PlacementDecision,
 } from "./routing/placement.js";
@@ -529,10 +530,13 @@ export class Scheduler {
   private checkFeasibility(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): void {
     if (!this.features.feasibility) return;
     const refusal = checkDeadline({
+      // The model placement scored this replica by, so a call is never placed by one prediction and refused by another.
       predictedTtftMs: predictTtftMs({
-        prefillTokensAhead: replica.queuedPrefillTokens + replica.inflightPrefillTokens,
-        ownPrefillTokens: uncached,
+        uncachedPrefillTokens: uncached,
+        queuedPrefillTokens: replica.queuedPrefillTokens,
+        inflightPrefillTokens: replica.inflightPrefillTokens,
         prefillTokensPerSecond: replica.prefillRate.rate(),
+        kvUsage: replica.signals.kvUsage,
       }),
       deadlineMs: req.deadlineMs,
       laneDeadlineMs: this.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
