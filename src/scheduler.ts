@@ -29,9 +29,9 @@ import { FleetPrefixIndex } from "./routing/fleet-prefix-index.js";
 import {
   choosePlacement,
   keepPin,
-  predictTtftMs,
   type PlacementCandidate,
   type Placement as PlacementDecision,
+  predictTtftMs,
 } from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
