@@ -35,7 +35,7 @@ import {
 } from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
-import { AimdWindow } from "./sessions/aimd-window.js";
+import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
 import { SessionAdmission, type SessionRecord } from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
@@ -131,6 +131,8 @@ export class Scheduler {
   /** Replica a session was pinned to by another frontend, for its first step here. */
   private readonly pinHints = new Map<string, string>();
   private roundRobin = 0;
+  /** What the per-replica window control reads and reports through. */
+  private readonly windowContext: WindowControlContext;
   private cancelTick: Cancel | undefined;
   private running = false;
   private accepting = true;
@@ -174,6 +176,11 @@ export class Scheduler {
     for (const replica of this.replicas) {
       this.admission.addReplica(replica.id, replica.window?.size ?? replica.tokenWindow?.size ?? null);
     }
+    this.windowContext = {
+      config: this.config,
+      admission: this.admission,
+      onChange: (event) => this.emit("window", event),
+    };
     this.overload = this.features.overload
       ? new OverloadController({
           clock: this.clock,
@@ -869,7 +876,7 @@ export class Scheduler {
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
       // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
       const fresh = !stale && signals.healthy && !signals.unknown?.includes("kvUsage");
-      const law = this.windowLaw(replica, signals.kvUsage, hitRate, fresh);
+      const law = controlWindow(replica, { kvUsage: signals.kvUsage, hitRate, fresh }, this.windowContext);
       if (!law) {
         this.admission.setWindow(replica.id, null, signals.healthy);
       } else if (this.windowAuthority) {
@@ -888,84 +895,6 @@ export class Scheduler {
     }
     this.admission.sweep();
     this.cancelTick = this.clock.setTimeout(() => this.controlTick(), this.config.sessions.controlIntervalMs);
-  }
-
-  /**
-   * Applies one step of the replica's window law to this tick's signals and
-   * says why W moved. Returns the proposed size and the same step as a
-   * function of another size (for a window shared by several frontends), or
-   * null when the policy has no window.
-   */
-  private windowLaw(
-    replica: ReplicaRuntime,
-    kvUsage: number,
-    hitRate: number,
-    fresh: boolean,
-  ): { proposed: number; step: (current: number) => number } | null {
-    const o = this.config.window;
-    const thrash = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)} < ${o.hitLow}`;
-    if (replica.window) {
-      const window = replica.window;
-      const signal = { kvUsage, hitRate };
-      // An interval without prefix lookups measured no hit rate: the window may still grow on low
-      // KV usage, but it does not shrink on a rate carried over from an interval it already acted on
-      // (that halved it twice for one thrash episode).
-      const applies = fresh && (replica.hitRate.measured || kvUsage <= o.kvHigh);
-      const before = window.size;
-      if (applies) window.observe(signal);
-      if (window.size !== before) {
-        const cause =
-          window.size < before ? `thrash: ${thrash}` : `KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
-        this.emitWindow(replica, "sessions", before, window.size, cause);
-      }
-      return {
-        proposed: window.size,
-        step: (current) =>
-          applies
-            ? new AimdWindow({ ...o, initial: clampWindow(current, this.config) }).observe(signal)
-            : current,
-      };
-    }
-    const window = replica.tokenWindow;
-    if (!window) return null;
-    // SPEC 6: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
-    window.setFloor(Math.max(o.minTokens ?? 0, this.admission.largestFootprint(replica.id)));
-    const signal = {
-      kvUsage,
-      hitRate: replica.hitRate.measured ? hitRate : undefined,
-      waiting: this.admission.waitingFor(replica.id),
-    };
-    const before = window.size;
-    if (fresh) window.observe(signal);
-    if (window.size !== before) {
-      const cause =
-        window.size < before
-          ? `thrash: ${thrash}`
-          : `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
-      this.emitWindow(replica, "tokens", before, window.size, cause);
-    }
-    return {
-      proposed: window.size,
-      step: (current) =>
-        fresh ? window.stepFrom({ size: current, slowStart: window.inSlowStart }, signal).size : current,
-    };
-  }
-
-  private emitWindow(
-    replica: ReplicaRuntime,
-    unit: "tokens" | "sessions",
-    from: number,
-    to: number,
-    cause: string,
-  ): void {
-    this.emit("window", {
-      replica: replica.id,
-      unit,
-      from,
-      to,
-      action: to > from ? "increase" : "decrease",
-      cause,
-    });
   }
 
   private cancelOverload: Cancel | undefined;
@@ -1098,10 +1027,6 @@ function budgetRetryAfter(replica: ReplicaRuntime, needed: number): number {
   const meanReservation = budget.outstanding > 0 ? reserved / budget.outstanding : needed;
   const callsToFinish = Math.max(1, Math.ceil((needed - budget.available()) / Math.max(1, meanReservation)));
   return replica.drainSeconds(callsToFinish - 1);
-}
-
-function clampWindow(size: number, config: SchedulerConfig): number {
-  return Math.min(config.window.max, Math.max(config.window.min, Math.round(size)));
 }
 
 function load(replica: ReplicaRuntime): number {
