@@ -7,6 +7,7 @@ import type { KvBlockEvent } from "./block-pool.js";
 import { CallStream } from "./call-stream.js";
 import { mixSeed } from "./hash.js";
 import {
+  hostLoadMsPerToken,
   PRESET_MODELS,
   type PresetName,
   type PresetOverrides,
@@ -56,6 +57,8 @@ export interface SimEngineOptions extends Partial<SimParams> {
 export interface SimStats extends RankCounters {
   /** Cached blocks evicted to make room. */
   evictedBlocks: number;
+  /** Blocks dropped from the host tier to make room (0 without one). */
+  hostEvictedBlocks: number;
   /** Per rank, same fields. */
   ranks: RankCounters[];
 }
@@ -72,6 +75,14 @@ export interface RankSignals {
   promptTokens: number;
   generationTokens: number;
   numBlocks: number;
+  /** Host-tier blocks (0 without a host tier), blocks held there, and its counters. */
+  numHostBlocks: number;
+  hostBlocksUsed: number;
+  hostQueryTokens: number;
+  hostHitTokens: number;
+  hostLoadedTokens: number;
+  hostLoadMs: number;
+  hostStoredBlocks: number;
 }
 
 /**
@@ -302,7 +313,7 @@ export class SimEngine implements Engine {
       queries += rank.counters.prefixQueryTokens;
       hits += rank.counters.prefixHitTokens;
     }
-    return {
+    const signals: EngineSignals = {
       readAtMs: this.clock.now(),
       healthy: !this.closed,
       kvUsage: used / blocks,
@@ -317,6 +328,25 @@ export class SimEngine implements Engine {
       dataParallelSize: this.dataParallelSize,
       prefillTokensPerSecond: prefillTokensPerSecond(this.params) * this.dataParallelSize,
     };
+    if (this.ranks[0]!.host) {
+      let hostBlocks = 0;
+      let hostUsed = 0;
+      let hostQueries = 0;
+      let hostHits = 0;
+      for (const rank of this.ranks) {
+        hostBlocks += rank.host!.capacity;
+        hostUsed += rank.host!.size();
+        hostQueries += rank.counters.hostQueryTokens;
+        hostHits += rank.counters.hostHitTokens;
+      }
+      signals.hostKvCapacityTokens = hostBlocks * this.params.blockSize;
+      signals.hostKvUsage = hostUsed / hostBlocks;
+      signals.hostPrefixQueryTokens = hostQueries;
+      signals.hostPrefixHitTokens = hostHits;
+      const msPerToken = hostLoadMsPerToken(this.params);
+      signals.hostLoadTokensPerSecond = msPerToken > 0 ? 1000 / msPerToken : 1e9;
+    }
+    return signals;
   }
 
   /** Signals per rank (what vLLM labels with `engine`). */
@@ -332,6 +362,13 @@ export class SimEngine implements Engine {
       promptTokens: rank.counters.promptTokens,
       generationTokens: rank.counters.generationTokens,
       numBlocks: rank.pool.numBlocks,
+      numHostBlocks: rank.host?.capacity ?? 0,
+      hostBlocksUsed: rank.host?.size() ?? 0,
+      hostQueryTokens: rank.counters.hostQueryTokens,
+      hostHitTokens: rank.counters.hostHitTokens,
+      hostLoadedTokens: rank.counters.hostLoadedTokens,
+      hostLoadMs: rank.counters.hostLoadMs,
+      hostStoredBlocks: rank.counters.hostStoredBlocks,
     }));
   }
 
@@ -346,13 +383,27 @@ export class SimEngine implements Engine {
       for (const key of Object.keys(total) as (keyof RankCounters)[]) total[key] += r[key];
     }
     let evictedBlocks = 0;
-    for (const rank of this.ranks) evictedBlocks += rank.pool.evictedBlocks();
-    return { ...total, evictedBlocks, ranks };
+    let hostEvictedBlocks = 0;
+    for (const rank of this.ranks) {
+      evictedBlocks += rank.pool.evictedBlocks();
+      hostEvictedBlocks += rank.host?.evictedBlocks() ?? 0;
+    }
+    return { ...total, evictedBlocks, hostEvictedBlocks, ranks };
   }
 
   /** Blocks per rank. */
   blocksPerRank(): number {
     return this.ranks[0]!.pool.numBlocks;
+  }
+
+  /** Host-tier blocks per rank (0 without a host tier). */
+  hostBlocksPerRank(): number {
+    return this.ranks[0]!.host?.capacity ?? 0;
+  }
+
+  /** Whether a block with this chained hash is in `rank`'s host tier (for tests). */
+  hasHostBlock(hash: number, rank = 0): boolean {
+    return this.ranks[rank]?.host?.has(hash) ?? false;
   }
 
   /** Whether a block with this chained hash is in `rank`'s prefix cache (for tests). */
