@@ -19,6 +19,7 @@ flags:
                          (default agents)
   --replicas N           simulated replicas (default: the workload's, else 1)
   --preset NAME          ${Object.keys(PRESETS).join(", ")} (default: the workload's)
+  --sim-host-kv-tokens N host-memory KV tier per simulated rank, tokens (default 0: none; docs/tiers.md)
   --policies LIST        comma-separated, from ${BENCH_POLICIES.join(",")} (default: all)
   --load LIST            offered-load multipliers, e.g. 1,1.5,2 (default: the workload's, else 1): they
                          multiply Poisson arrival rates, the number of sessions of a batch agents
@@ -71,6 +72,7 @@ export async function run(argv: string[]): Promise<number> {
         workload: { type: "string" },
         replicas: { type: "string" },
         preset: { type: "string" },
+        "sim-host-kv-tokens": { type: "string" },
         policies: { type: "string" },
         load: { type: "string" },
         seed: { type: "string" },
@@ -100,10 +102,16 @@ export async function run(argv: string[]): Promise<number> {
     const load = str("load");
     const replicas = str("replicas");
     const seed = str("seed");
+    const hostKv = str("sim-host-kv-tokens");
+    const hostKvTokens = hostKv !== undefined ? integer("sim-host-kv-tokens", hostKv, 0) : 0;
     options = {
       workload: str("workload") ?? "agents",
       ...(replicas !== undefined ? { replicas: integer("replicas", replicas, 1) } : {}),
-      ...(preset !== undefined ? { preset } : {}),
+      ...(hostKvTokens > 0
+        ? { preset: { ...(preset !== undefined ? { base: preset } : {}), hostKvTokens } }
+        : preset !== undefined
+          ? { preset }
+          : {}),
       ...(policies !== undefined
         ? {
             policies: parseList("policies", policies, (p): BenchPolicy => {

@@ -344,6 +344,10 @@ export const SERVE_FLAGS: Record<string, FlagSpec> = {
     default: "h100-llama3-8b",
     help: "preset of the simulated replicas",
   },
+  "sim-host-kv-tokens": {
+    env: "SLUICE_SIM_HOST_KV_TOKENS",
+    help: "host-memory KV tier of each simulated rank, tokens (default 0: none; see docs/tiers.md)",
+  },
   nats: { env: "SLUICE_NATS", help: "NATS server URL: also serve the NATS API" },
   policy: { env: "SLUICE_POLICY", default: "sluice", help: `admission policy: ${POLICIES.join(" | ")}` },
   "block-size": { env: "SLUICE_BLOCK_SIZE", default: "64", help: "router block size, tokens" },
@@ -720,6 +724,7 @@ export async function serveOptionsFromArgs(
   if (port !== undefined && port > 65535)
     throw invalid(lookupSetting(raw, env, "port")!.source, "a port 0–65535", String(port));
   const simReplicas = integer(raw, env, "sim-replicas", 1);
+  const simHostKvTokens = integer(raw, env, "sim-host-kv-tokens", 0);
   const bodyLimitBytes = integer(raw, env, "body-limit-bytes", 1);
   const drainTimeoutMs = integer(raw, env, "drain-timeout-ms", 0);
   const streamStallTimeoutMs = integer(raw, env, "stream-stall-timeout-ms", 0);
@@ -745,7 +750,11 @@ export async function serveOptionsFromArgs(
     ...(upstreams.length > 0 ? { upstreams } : {}),
     ...(kvCapacityTokens.length > 0 ? { kvCapacityTokens } : {}),
     ...(simReplicas !== undefined ? { simReplicas } : {}),
-    ...(simPreset ? { simPreset } : {}),
+    ...(simHostKvTokens
+      ? { simPreset: { base: simPreset ?? "h100-llama3-8b", hostKvTokens: simHostKvTokens } }
+      : simPreset
+        ? { simPreset }
+        : {}),
     ...(keys ? { keys } : {}),
     ...(adminKey ? { adminKey } : {}),
     ...(bodyLimitBytes !== undefined ? { bodyLimitBytes } : {}),

@@ -20,6 +20,8 @@ flags:
   --max-num-seqs N              running calls per rank (default 256)
   --max-num-batched-tokens N    tokens per step per rank (default 8192)
   --kv-capacity-tokens N        KV cache per rank, tokens (default per preset)
+  --sim-host-kv-tokens N        host-memory KV tier per rank, tokens (default 0: none); GPU evictions
+                                spill there and load back at PCIe rate (docs/tiers.md)
   --max-model-len N             longest prompt + output, tokens (default per preset)
   --default-max-tokens N        output tokens when a request sets none (default 1024)
   --seed N                      seed of the generated tokens (default 0)
@@ -74,6 +76,7 @@ export async function run(argv: string[], io: SimRunIo = {}): Promise<number> {
         "max-num-seqs": { type: "string" },
         "max-num-batched-tokens": { type: "string" },
         "kv-capacity-tokens": { type: "string" },
+        "sim-host-kv-tokens": { type: "string" },
         "max-model-len": { type: "string" },
         "default-max-tokens": { type: "string" },
         seed: { type: "string" },
@@ -108,6 +111,8 @@ export async function run(argv: string[], io: SimRunIo = {}): Promise<number> {
     if (maxNumSeqs !== undefined) overrides.maxNumSeqs = maxNumSeqs;
     if (maxNumBatchedTokens !== undefined) overrides.maxNumBatchedTokens = maxNumBatchedTokens;
     if (kvCapacityTokens !== undefined) overrides.kvCapacityTokens = kvCapacityTokens;
+    const hostKvTokens = integer("sim-host-kv-tokens", str("sim-host-kv-tokens"), 0);
+    if (hostKvTokens !== undefined) overrides.hostKvTokens = hostKvTokens;
     if (maxModelLen !== undefined) overrides.maxModelLen = maxModelLen;
     const presetFlag = str("preset");
     if (presetFlag !== undefined) {

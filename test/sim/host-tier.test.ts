@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { serveOptionsFromArgs } from "../../adapters/cli/serve.js";
 import { parseEngineMetrics } from "../../adapters/engines/openai/metrics-parser.js";
 import { HostTier } from "../../adapters/engines/sim/host-tier.js";
 import { createSimRegistry } from "../../adapters/engines/sim/metrics.js";
@@ -189,5 +190,22 @@ describe("host tier", () => {
     assert.doesNotMatch(one, /external_prefix_cache|kv_offload_total/);
     assert.match(one, /num_cpu_blocks="0"[^}]*kv_offloading_size="None"/);
     assert.equal(parseEngineMetrics(one)?.hostKvCapacityTokens, undefined);
+  });
+
+  test("`sluice serve --sim-host-kv-tokens` gives the simulated replicas a host tier on the chosen preset", async () => {
+    const quiet = () => {};
+    const o = await serveOptionsFromArgs(
+      ["--sim-preset", "h100x2-qwen3-32b", "--sim-host-kv-tokens", "1200000"],
+      {},
+      quiet,
+    );
+    assert.deepEqual(o.simPreset, { base: "h100x2-qwen3-32b", hostKvTokens: 1_200_000 });
+    const env = await serveOptionsFromArgs([], { SLUICE_SIM_HOST_KV_TOKENS: "1000" }, quiet);
+    assert.deepEqual(env.simPreset, { base: "h100-llama3-8b", hostKvTokens: 1000 });
+    assert.equal((await serveOptionsFromArgs([], {}, quiet)).simPreset, undefined, "off by default");
+    await assert.rejects(
+      serveOptionsFromArgs(["--sim-host-kv-tokens", "lots"], {}, quiet),
+      /sim-host-kv-tokens/,
+    );
   });
 });
