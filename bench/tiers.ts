@@ -55,6 +55,14 @@ export interface TierRow {
   hit_rate: number;
   /** Tokens computed a second time after a preemption (the benchmark's `recomputed_tokens`). */
   recomputed_tokens: number;
+  /**
+   * Prompt tokens an ideal prefix cache would have held (the workload's
+   * `cachedAtBest`, summed) that neither tier had: prefixes evicted and
+   * computed again.
+   */
+  evicted_prefix_tokens: number;
+  /** Everything computed again: `recomputed_tokens + evicted_prefix_tokens`. */
+  recomputed_tokens_total: number;
   /** Prompt tokens neither tier held at a call's first scheduling (computed from scratch, or again). */
   uncached_prompt_tokens: number;
   /** Tokens loaded from the host tier (resumed preempted calls included) and the time it took, s. */
@@ -120,6 +128,9 @@ export async function runTier(options: {
     hostLoadMs += s.hostLoadMs;
   }
   const rate = (x: number) => (queries > 0 ? round(x / queries) : 0);
+  let cachedAtBest = 0;
+  for (const call of workload.calls) cachedAtBest += call.cachedAtBest;
+  const evictedPrefix = Math.max(0, cachedAtBest - gpuHits - hostHits);
   const row: TierRow = {
     workload: options.workload,
     tiers: options.hostKvTokens > 0 ? 2 : 1,
@@ -133,6 +144,8 @@ export async function runTier(options: {
     host_hit_rate: rate(hostHits),
     hit_rate: rate(gpuHits + hostHits),
     recomputed_tokens: run.row.recomputed_tokens,
+    evicted_prefix_tokens: evictedPrefix,
+    recomputed_tokens_total: run.row.recomputed_tokens + evictedPrefix,
     uncached_prompt_tokens: queries - gpuHits - hostHits,
     host_loaded_tokens: hostLoaded,
     host_load_s: round(hostLoadMs / 1000, 3),
@@ -210,7 +223,7 @@ export async function sloCapacity(
   policy: BenchPolicy,
   hostKvTokens: number,
   onProgress: (line: string) => void,
-  grid: readonly number[] = [0.5, 1, 1.5, 2, 3, 4, 6],
+  grid: readonly number[] = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4],
   bisections = 3,
 ): Promise<{ capacity: number; tried: { load: number; ttft_miss: number; wall_s: number }[] }> {
   const tried: { load: number; ttft_miss: number; wall_s: number }[] = [];
@@ -313,12 +326,14 @@ export async function runTiersBench(
       goal: "≥ 2",
       met: rr2.makespan_s >= 2 * sluice2.makespan_s,
     });
+    // Preemption recompute alone is zero for sluice (its window keeps the batch in KV), so the
+    // target is read on everything computed again: preempted work plus evicted prefixes.
     targets.push({
-      target: "agents-256, sluice: recomputed tokens with the host tier ÷ without",
-      measured:
-        sluice1.recomputed_tokens > 0 ? round(sluice2.recomputed_tokens / sluice1.recomputed_tokens, 3) : 0,
+      target:
+        "agents-256, sluice: recomputed tokens (preempted + evicted prefixes) with the host tier ÷ without",
+      measured: round(sluice2.recomputed_tokens_total / Math.max(1, sluice1.recomputed_tokens_total), 3),
       goal: "≤ 0.5",
-      met: sluice2.recomputed_tokens <= 0.5 * sluice1.recomputed_tokens,
+      met: sluice2.recomputed_tokens_total <= 0.5 * sluice1.recomputed_tokens_total,
     });
   }
   if (only.has("mooncake")) await replay("mooncake", options.mooncakeLoad ?? 1);
@@ -329,6 +344,11 @@ export async function runTiersBench(
         const found = await sloCapacity(policy, tiers === 2 ? hostKvTokens : 0, log);
         capacity.push({ policy, tiers, capacity: found.capacity, tried: found.tried });
       }
+    }
+    // SPEC 13: per policy, and the ratio to rr with the same tiers.
+    for (const entry of capacity) {
+      const rr = capacity.find((c) => c.policy === "rr" && c.tiers === entry.tiers)?.capacity as number;
+      entry.ratio_to_rr = rr > 0 ? round((entry.capacity as number) / rr, 3) : null;
     }
     out.slo_capacity = capacity;
   }
