@@ -208,4 +208,19 @@ describe("host tier", () => {
       /sim-host-kv-tokens/,
     );
   });
+
+  test("the instant preset finds prefixes in the host tier too, at no time", async () => {
+    const h = harness({ preset: "instant", kvCapacityTokens: 320, hostKvTokens: 64 * 16 });
+    const prefix = tokens(160, 1);
+    await h.call("a", [...prefix, ...tokens(8, 2)], 1);
+    await h.call("b", tokens(312, 3), 1);
+    const c = await h.call("c", [...prefix, ...tokens(8, 4)], 1);
+    await h.drain();
+    // b's 19 blocks evicted all of a's but its first: that one is a GPU hit, the other 9 host hits.
+    assert.equal(c.result!.cachedTokens, 160);
+    assert.equal(h.engine.signals().prefixHitTokens, 16);
+    assert.equal(h.engine.signals().hostPrefixHitTokens, 144);
+    assert.equal(h.clock.now(), 0);
+    assertIdle(h);
+  });
 });

@@ -260,14 +260,24 @@ export class SimEngine implements Engine {
     this.ranks[sim.rank]!.abort(sim);
   }
 
-  /** The `instant` preset: prefix lookup, all output, caching and completion in one go. */
+  /** The `instant` preset: prefix lookup (both tiers), all output, caching and completion in one go. */
   private runInstant(rank: RankSim, sim: SimCall): void {
     const pool = rank.pool;
     const bs = this.params.blockSize;
-    const hits = pool.lookup(sim.hashes, Math.floor((sim.numTokens - 1) / bs));
-    sim.cachedTokens = hits.length * bs;
+    const maxHitBlocks = Math.floor((sim.numTokens - 1) / bs);
+    const hits = pool.lookup(sim.hashes, maxHitBlocks);
+    // The host tier continues the chain where GPU memory lost it (loaded at no time here).
+    const hostBlocks = rank.host ? rank.host.matchFrom(sim.hashes, hits.length, maxHitBlocks) : 0;
+    if (hostBlocks > 0) rank.host!.touch(sim.hashes, hits.length, hostBlocks);
+    sim.hostCachedTokens = hostBlocks * bs;
+    sim.cachedTokens = hits.length * bs + sim.hostCachedTokens;
     rank.counters.prefixQueryTokens += sim.promptLen;
-    rank.counters.prefixHitTokens += sim.cachedTokens;
+    rank.counters.prefixHitTokens += hits.length * bs;
+    if (rank.host) {
+      rank.counters.hostQueryTokens += sim.promptLen - hits.length * bs;
+      rank.counters.hostHitTokens += sim.hostCachedTokens;
+      rank.counters.hostLoadedTokens += sim.hostCachedTokens;
+    }
     rank.counters.promptTokens += sim.promptLen;
     let text = "";
     for (let i = 0; i < sim.maxTokens; i++) text += sim.sample(this.vocabulary).text;
