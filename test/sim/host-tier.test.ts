@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { serveOptionsFromArgs } from "../../adapters/cli/serve.js";
 import { parseEngineMetrics } from "../../adapters/engines/openai/metrics-parser.js";
+import type { KvBlockEvent } from "../../adapters/engines/sim/block-pool.js";
 import { HostTier } from "../../adapters/engines/sim/host-tier.js";
 import { createSimRegistry } from "../../adapters/engines/sim/metrics.js";
 import { hostLoadMsPerToken, resolveSimParams, stepTimeMs } from "../../adapters/engines/sim/presets.js";
@@ -221,6 +222,35 @@ describe("host tier", () => {
     assert.equal(h.engine.signals().prefixHitTokens, 16);
     assert.equal(h.engine.signals().hostPrefixHitTokens, 144);
     assert.equal(h.clock.now(), 0);
+    assertIdle(h);
+  });
+
+  test("host-tier events (medium CPU) mirror the tier exactly, apart from the GPU events", async () => {
+    const gpu: KvBlockEvent[] = [];
+    const host: KvBlockEvent[] = [];
+    const h = harness({
+      kvCapacityTokens: 320,
+      hostKvTokens: 4 * 16,
+      onKvEvent: (_rank, e) => gpu.push(e),
+      onHostKvEvent: (_rank, e) => host.push(e),
+    });
+    await h.call("a", [...tokens(160, 1), ...tokens(8, 2)], 1);
+    await h.drain();
+    await h.call("b", tokens(312, 3), 1);
+    await h.drain();
+    assert.ok(gpu.every((e) => e.medium === undefined));
+    assert.ok(host.length > 0 && host.every((e) => e.medium === "CPU"));
+    // Replaying the host events gives the tier's contents.
+    const mirror = new Set<number>();
+    for (const e of host) {
+      if (e.type === "stored") mirror.add(e.hash);
+      else mirror.delete(e.hash);
+    }
+    assert.equal(mirror.size, 4);
+    for (const hash of mirror) assert.ok(h.engine.hasHostBlock(hash));
+    // Every hash the host tier stored had just been removed from GPU memory.
+    const removedFromGpu = new Set(gpu.filter((e) => e.type === "removed").map((e) => e.hash));
+    assert.ok(host.filter((e) => e.type === "stored").every((e) => removedFromGpu.has(e.hash)));
     assertIdle(h);
   });
 });

@@ -7,6 +7,12 @@ export interface KvBlockEvent {
   type: "stored" | "removed";
   /** The block's chained hash (53-bit integer). */
   hash: number;
+  /**
+   * Where the block is, in vLLM's KV-event terms (`BlockStored.medium`,
+   * `BlockRemoved.medium`: "GPU", "CPU"): absent for the GPU tier, `CPU` for
+   * the host tier (whose events come through `onHostKvEvent`).
+   */
+  medium?: "CPU";
 }
 
 /**

@@ -1,6 +1,6 @@
 /** @module The host-memory KV tier of a simulated rank: an LRU set of block hashes that GPU evictions spill into. */
 
-import { HashIndex } from "./block-pool.js";
+import { HashIndex, type KvBlockEvent } from "./block-pool.js";
 
 const NONE = -1;
 
@@ -30,8 +30,14 @@ export class HostTier {
   private evictions = 0;
   private stores = 0;
 
-  /** @param capacity blocks the tier holds (≥ 1) */
-  constructor(capacity: number) {
+  /**
+   * @param capacity blocks the tier holds (≥ 1)
+   * @param onEvent called when a hash enters or leaves the tier (`medium: "CPU"`)
+   */
+  constructor(
+    capacity: number,
+    private readonly onEvent?: (event: KvBlockEvent) => void,
+  ) {
     if (!(Number.isInteger(capacity) && capacity >= 1)) {
       throw new RangeError(`capacity should be a positive integer, got ${capacity}`);
     }
@@ -79,13 +85,16 @@ export class HostTier {
     } else {
       fresh = this.head;
       this.unlink(fresh);
-      this.index.delete(this.hashOf[fresh]!);
+      const dropped = this.hashOf[fresh]!;
+      this.index.delete(dropped);
       this.evictions++;
+      this.onEvent?.({ type: "removed", hash: dropped, medium: "CPU" });
     }
     this.hashOf[fresh] = hash;
     this.index.set(hash, fresh);
     this.append(fresh);
     this.stores++;
+    this.onEvent?.({ type: "stored", hash, medium: "CPU" });
     return true;
   }
 

@@ -90,6 +90,7 @@ export interface RankContext {
   onStep?: ((event: SimStepEvent) => void) | undefined;
   onCall?: ((event: SimCallEvent) => void) | undefined;
   onKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
+  onHostKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
 }
 
 /**
@@ -218,7 +219,11 @@ export class RankSim {
     this.creditMs = params.cPrefill * params.floorCreditTokens;
     const onKv = ctx.onKvEvent;
     const hostBlocks = Math.floor(params.hostKvTokens / params.blockSize);
-    const host = hostBlocks > 0 ? new HostTier(hostBlocks) : undefined;
+    const onHostKv = ctx.onHostKvEvent;
+    const host =
+      hostBlocks > 0
+        ? new HostTier(hostBlocks, onHostKv ? (event) => onHostKv(ctx.rank, event) : undefined)
+        : undefined;
     this.host = host;
     const counters = this.counters;
     this.pool = new BlockPool(

@@ -51,6 +51,12 @@ export interface SimEngineOptions extends Partial<SimParams> {
   onCall?: (event: SimCallEvent) => void;
   /** Called when a block hash enters or leaves a rank's prefix cache (vLLM's KV events). Must not throw or call back into the engine. */
   onKvEvent?: (rank: number, event: KvBlockEvent) => void;
+  /**
+   * Called when a block hash enters or leaves a rank's host tier (`medium: "CPU"`, as vLLM's
+   * offloading connector reports them). Kept apart from `onKvEvent` so that a consumer of GPU
+   * events never mistakes a host block for a GPU one. Must not throw or call back into the engine.
+   */
+  onHostKvEvent?: (rank: number, event: KvBlockEvent) => void;
 }
 
 /** Cumulative counters of a simulated replica (all ranks). */
@@ -131,6 +137,7 @@ export class SimEngine implements Engine {
       onStep,
       onCall,
       onKvEvent,
+      onHostKvEvent,
       ...overrides
     } = options;
     if (typeof id !== "string" || id === "")
@@ -166,6 +173,7 @@ export class SimEngine implements Engine {
           onStep,
           onCall,
           onKvEvent,
+          onHostKvEvent,
         }),
       );
     }
