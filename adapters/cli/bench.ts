@@ -29,6 +29,15 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     help: `built-in: ${Object.keys(NAMED_WORKLOADS).join(", ")}; or a workload JSON file (SPEC 13.2)`,
   }),
   defineSetting({
+    flag: "sim-host-kv-tokens",
+    path: "hostKvTokens",
+    topic: RUN,
+    schema: z.number().int().nonnegative(),
+    env: null,
+    defaultText: "0: none",
+    help: "host-memory KV tier per simulated rank, tokens (docs/tiers.md)",
+  }),
+  defineSetting({
     flag: "replicas",
     path: "replicas",
     topic: RUN,
@@ -130,6 +139,7 @@ interface BenchFlags {
   workload?: string;
   replicas?: number;
   preset?: PresetName;
+  hostKvTokens?: number;
   policies?: BenchPolicy[];
   loads?: number[];
   seed?: number;
@@ -150,7 +160,16 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
   const options: Parameters<typeof runWorkloadBench>[0] = {
     workload: flags.workload ?? "agents",
     ...(flags.replicas !== undefined ? { replicas: flags.replicas } : {}),
-    ...(flags.preset !== undefined ? { preset: flags.preset } : {}),
+    ...(flags.hostKvTokens
+      ? {
+          preset: {
+            ...(flags.preset !== undefined ? { base: flags.preset } : {}),
+            hostKvTokens: flags.hostKvTokens,
+          },
+        }
+      : flags.preset !== undefined
+        ? { preset: flags.preset }
+        : {}),
     ...(flags.policies !== undefined ? { policies: flags.policies } : {}),
     ...(flags.loads !== undefined ? { loads: flags.loads } : {}),
     ...(flags.seed !== undefined ? { seed: flags.seed } : {}),

@@ -66,6 +66,8 @@ export interface ServeOptions {
   simReplicas?: number;
   /** Preset (or overrides) of the simulated replicas. Default `h100-llama3-8b`. */
   simPreset?: PresetName | PresetOverrides;
+  /** Host-memory KV tier of each simulated rank, tokens; 0 or absent: none. */
+  simHostKvTokens?: number;
   /** Scheduler configuration (policy, windows, lanes, gate limits …). */
   config?: SchedulerConfigInput;
   /** Tokenizer spec: `o200k` (default) or the path of a `tokenizer.json`. */
@@ -149,7 +151,13 @@ async function buildEngines(
   }
   const count = options.simReplicas ?? DEFAULTS.simReplicas;
   if (!(Number.isInteger(count) && count >= 1)) throw new RangeError(`simReplicas must be ≥ 1, got ${count}`);
-  const preset = options.simPreset ?? DEFAULTS.simPreset;
+  const chosen = options.simPreset ?? DEFAULTS.simPreset;
+  const preset: PresetName | PresetOverrides = options.simHostKvTokens
+    ? {
+        ...(typeof chosen === "string" ? { base: chosen } : chosen),
+        hostKvTokens: options.simHostKvTokens,
+      }
+    : chosen;
   const engines = Array.from(
     { length: count },
     (_, i) => new SimEngine({ id: `sim-${i}`, clock: realClock, preset }) as Engine,
@@ -475,6 +483,14 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     topic: ENGINES,
     schema: z.number().int().positive().default(DEFAULTS.simReplicas),
     help: "simulated replicas when there is no upstream",
+  }),
+  defineSetting({
+    flag: "sim-host-kv-tokens",
+    path: "simHostKvTokens",
+    topic: ENGINES,
+    schema: z.number().int().nonnegative(),
+    defaultText: "0: none",
+    help: "host-memory KV tier of each simulated rank, tokens (docs/tiers.md)",
   }),
   defineSetting({
     flag: "sim-preset",

@@ -77,6 +77,14 @@ export const SIM_SETTINGS: readonly Setting[] = [
     },
   ),
   simSetting(
+    "sim-host-kv-tokens",
+    "hostKvTokens",
+    REPLICA,
+    z.number().int().nonnegative(),
+    "host-memory KV tier per rank, tokens: GPU evictions spill there and load back at PCIe rate (docs/tiers.md)",
+    { defaultText: "0: none" },
+  ),
+  simSetting(
     "max-model-len",
     "maxModelLen",
     REPLICA,
@@ -141,6 +149,7 @@ interface SimFlags {
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCapacityTokens?: number;
+  hostKvTokens?: number;
   maxModelLen?: number;
   defaultMaxTokens?: number;
   seed?: number;
@@ -177,6 +186,7 @@ async function serveSim(
   if (flags.maxNumSeqs !== undefined) overrides.maxNumSeqs = flags.maxNumSeqs;
   if (flags.maxNumBatchedTokens !== undefined) overrides.maxNumBatchedTokens = flags.maxNumBatchedTokens;
   if (flags.kvCapacityTokens !== undefined) overrides.kvCapacityTokens = flags.kvCapacityTokens;
+  if (flags.hostKvTokens !== undefined) overrides.hostKvTokens = flags.hostKvTokens;
   if (flags.maxModelLen !== undefined) overrides.maxModelLen = flags.maxModelLen;
   // Listening for signals before starting, so one that arrives while starting still stops cleanly.
   let stopWaiting = () => {};
