@@ -979,6 +979,16 @@ export class Scheduler {
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
       inflightPrefillTokens: replica.inflightPrefillTokens,
+      ...(signals.hostKvCapacityTokens === undefined
+        ? {}
+        : {
+            hostTier: {
+              capacityTokens: signals.hostKvCapacityTokens,
+              ...(signals.hostKvUsage === undefined ? {} : { usage: signals.hostKvUsage }),
+              hitTokens: signals.hostPrefixHitTokens ?? 0,
+              queryTokens: signals.hostPrefixQueryTokens ?? 0,
+            },
+          }),
       ...(signals.profile === undefined
         ? {}
         : {

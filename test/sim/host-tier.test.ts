@@ -255,3 +255,22 @@ describe("host tier", () => {
     assertIdle(h);
   });
 });
+
+describe("host tier in the scheduler's state", () => {
+  test("/v1/admin/state shows each replica's host tier, and none for an engine with one tier", async () => {
+    const { VirtualClock } = await import("../../src/clock.js");
+    const { Scheduler } = await import("../../src/scheduler.js");
+    const { SimEngine } = await import("../../adapters/engines/sim/sim-engine.js");
+    const clock = new VirtualClock();
+    const engines = [
+      new SimEngine({ id: "tiered", clock, preset: { base: "h100-llama3-8b", hostKvTokens: 64_000 } }),
+      new SimEngine({ id: "flat", clock, preset: "h100-llama3-8b" }),
+    ];
+    const scheduler = new Scheduler({ engines, clock });
+    const [tiered, flat] = scheduler.state().replicas;
+    assert.equal(tiered!.hostTier?.capacityTokens, 64_000);
+    assert.equal(tiered!.hostTier?.hitTokens, 0);
+    assert.equal(flat!.hostTier, undefined);
+    for (const engine of engines) await engine.close?.();
+  });
+});
