@@ -141,6 +141,8 @@ export interface LowerBound {
   workS: number;
   ttftMs: number[];
   tpotMs: number[];
+  /** Each session's completion alone on a replica (first arrival to last end at batch-1 speed), s. */
+  sessionCompletionS: number[];
 }
 
 /**
@@ -155,6 +157,7 @@ export function lowerBound(model: StepModel, workload: Workload, replicas: numbe
   const ttftMs: number[] = [];
   const tpotMs: number[] = [];
   let criticalMs = 0;
+  const sessions = new Map<string, { startMs: number; endMs: number }>();
   for (const call of workload.calls) {
     const alone = batch1CallMs(model, call);
     const ready = Math.max(call.arrivalMs, call.after === undefined ? 0 : endMs[call.after]! + call.gapMs);
@@ -163,6 +166,11 @@ export function lowerBound(model: StepModel, workload: Workload, replicas: numbe
     if (end > criticalMs) criticalMs = end;
     ttftMs.push(alone.ttftMs);
     if (call.maxTokens > 1) tpotMs.push(alone.tpotMs);
+    const key = call.sessionId ?? `call:${call.id}`;
+    const session = sessions.get(key) ?? { startMs: call.arrivalMs, endMs: end };
+    session.startMs = Math.min(session.startMs, call.arrivalMs);
+    session.endMs = Math.max(session.endMs, end);
+    sessions.set(key, session);
   }
   const workMs = workloadWorkMs(model, workload) / Math.max(1, replicas);
   return {
@@ -171,6 +179,7 @@ export function lowerBound(model: StepModel, workload: Workload, replicas: numbe
     workS: workMs / 1000,
     ttftMs,
     tpotMs,
+    sessionCompletionS: [...sessions.values()].map((s) => (s.endMs - s.startMs) / 1000),
   };
 }
 

@@ -4,9 +4,9 @@ import { z } from "zod";
 
 const nonNegative = z.number().finite().nonnegative();
 
-/** One `results` entry: exactly SPEC 13's fields. */
+/** One `results` entry: SPEC 13's fields, plus per-session admission waits and the refused share. */
 export const resultRowSchema = z.strictObject({
-  policy: z.enum(["rr", "gate", "gate-prefix", "sluice", "bound"]),
+  policy: z.enum(["rr", "gate", "gate-prefix", "concur", "sluice", "bound"]),
   load: z.number().positive(),
   makespan_s: nonNegative,
   goodput_rps: nonNegative,
@@ -19,7 +19,13 @@ export const resultRowSchema = z.strictObject({
   ttft_p99_s: nonNegative,
   tpot_p50_s: nonNegative,
   tpot_p99_s: nonNegative,
+  session_completion_mean_s: nonNegative,
+  session_completion_p99_s: nonNegative,
+  session_wait_mean_s: nonNegative,
+  session_wait_p99_s: nonNegative,
+  session_wait_max_s: nonNegative,
   completed: z.number().int().nonnegative(),
+  refused_share: z.number().min(0).max(1),
   rejected: z.record(z.string(), z.number().int().positive()),
 });
 

@@ -2,13 +2,14 @@
 
 import type { BenchReport, ResultRow, Sample } from "./run.js";
 import { quantileSorted } from "./stats.js";
-import { barChart, colourOf, downsample, escapeXml, fmtNumber, lineChart } from "./svg.js";
+import { barChart, colourOf, downsample, escapeXml, fmtNumber, hasSignal, lineChart } from "./svg.js";
 
 const TABLE_COLUMNS: { title: string; value: (row: ResultRow) => string }[] = [
   { title: "policy", value: (r) => r.policy },
   { title: "load", value: (r) => String(r.load) },
   { title: "makespan s", value: (r) => r.makespan_s.toFixed(1) },
   { title: "goodput/s", value: (r) => r.goodput_rps.toFixed(3) },
+  { title: "refused", value: (r) => r.refused_share.toFixed(3) },
   { title: "SLO", value: (r) => r.slo_attainment.toFixed(3) },
   { title: "tok/s", value: (r) => r.throughput_tokens_per_s.toFixed(0) },
   { title: "hit rate", value: (r) => r.prefix_hit_rate.toFixed(3) },
@@ -18,6 +19,10 @@ const TABLE_COLUMNS: { title: string; value: (row: ResultRow) => string }[] = [
   { title: "TTFT p99", value: (r) => r.ttft_p99_s.toFixed(3) },
   { title: "TPOT p50", value: (r) => r.tpot_p50_s.toFixed(4) },
   { title: "TPOT p99", value: (r) => r.tpot_p99_s.toFixed(4) },
+  { title: "sess mean", value: (r) => r.session_completion_mean_s.toFixed(1) },
+  { title: "sess p99", value: (r) => r.session_completion_p99_s.toFixed(1) },
+  { title: "wait p99", value: (r) => r.session_wait_p99_s.toFixed(1) },
+  { title: "wait max", value: (r) => r.session_wait_max_s.toFixed(1) },
   { title: "done", value: (r) => String(r.completed) },
   {
     title: "rejected",
@@ -82,9 +87,32 @@ export function mainChartSvg(report: BenchReport): string {
   });
 }
 
+/** A bar chart of one column per policy and load, or nothing when every value is zero. */
+function policyBars(report: BenchReport, key: keyof ResultRow, title: string, yLabel: string): string {
+  const loads = loadsOf(report);
+  const policies = policiesOf(report).filter((p) => p !== "bound");
+  const series = loads.map((load) => ({
+    name: `load ${load}`,
+    values: policies.map((p) => cellOf(report, p, load, key)),
+  }));
+  if (!hasSignal(series.flatMap((s) => s.values))) return "";
+  return barChart({ title, yLabel, categories: policies, colourByCategory: true, series });
+}
+
+function refusedChart(report: BenchReport): string {
+  return policyBars(
+    report,
+    "refused_share",
+    "share of calls refused for good (lower is better)",
+    "refused ÷ offered",
+  );
+}
+
 function goodputChart(report: BenchReport): string {
   const loads = loadsOf(report);
   const policies = policiesOf(report).filter((p) => p !== "bound");
+  if (!hasSignal(loads.flatMap((load) => policies.map((p) => cellOf(report, p, load, "goodput_rps")))))
+    return "";
   return barChart({
     title: "goodput (calls meeting their SLO per second; higher is better)",
     yLabel: "goodput, calls/s",
@@ -99,6 +127,9 @@ function goodputChart(report: BenchReport): string {
 
 function goodputVsLoad(report: BenchReport): string {
   const loads = loadsOf(report);
+  if (loads.length < 2) return "";
+  const values = report.output.results.filter((r) => r.policy !== "bound").map((r) => r.goodput_rps);
+  if (!hasSignal(values)) return "";
   return lineChart({
     title: "goodput against offered load",
     xLabel: "offered load (× the workload's base rate)",
@@ -127,9 +158,14 @@ export function hitRateSeries(samples: readonly Sample[], span = 10): [number, n
   return out;
 }
 
+/** A line chart, or nothing when no series has a point off zero. */
+function unlessFlat(chart: Parameters<typeof lineChart>[0]): string {
+  return hasSignal(chart.series.flatMap((s) => s.points.map(([, y]) => y))) ? lineChart(chart) : "";
+}
+
 function timeCharts(report: BenchReport, load: number): string {
   const runs = report.runs.filter((r) => r.load === load);
-  const hit = lineChart({
+  const hit = unlessFlat({
     title: `prefix-cache hit rate over time (10 s window), load ${load}`,
     xLabel: "virtual time, s",
     yLabel: "hit rate",
@@ -161,14 +197,14 @@ function timeCharts(report: BenchReport, load: number): string {
   ]);
   const windowChart =
     windowSeries.length > 0
-      ? lineChart({
+      ? unlessFlat({
           title: `session window (sum over replicas) and active sessions, load ${load}`,
           xLabel: "virtual time, s",
           yLabel: "sessions",
           series: windowSeries,
         })
       : "";
-  const kv = lineChart({
+  const kv = unlessFlat({
     title: `mean KV usage over time, load ${load}`,
     xLabel: "virtual time, s",
     yLabel: "KV usage",
@@ -184,25 +220,70 @@ function timeCharts(report: BenchReport, load: number): string {
   return hit + windowChart + kv;
 }
 
-function ttftChart(report: BenchReport, load: number): string {
+/** Up to 200 points of the empirical CDF of `values` (x floored at `floor` for a log axis). */
+export function cdfPoints(values: readonly number[], floor = 1e-3): [number, number][] {
+  const sorted = [...values].sort((a, b) => a - b);
+  const points: [number, number][] = [];
+  const n = Math.min(200, sorted.length);
+  for (let i = 1; i <= n; i++) {
+    const p = i / n;
+    points.push([Math.max(floor, quantileSorted(sorted, p)), p]);
+  }
+  return points;
+}
+
+/** A CDF over policies, or nothing when every value is zero (e.g. no session ever waited). */
+function cdfChart(
+  report: BenchReport,
+  load: number,
+  pick: (run: BenchReport["runs"][number]["run"]) => readonly number[],
+  title: string,
+  xLabel: string,
+  yLabel: string,
+): string {
   const runs = report.runs.filter((r) => r.load === load);
+  if (!hasSignal(runs.flatMap(({ run }) => pick(run)))) return "";
   return lineChart({
-    title: `TTFT distribution (CDF), load ${load}`,
-    xLabel: "time to first token, s (log scale)",
-    yLabel: "fraction of calls",
+    title,
+    xLabel,
+    yLabel,
     yMax: 1,
     logX: true,
-    series: runs.map(({ policy, run }) => {
-      const sorted = [...run.ttftS].sort((a, b) => a - b);
-      const points: [number, number][] = [];
-      const n = Math.min(200, sorted.length);
-      for (let i = 1; i <= n; i++) {
-        const p = i / n;
-        points.push([Math.max(1e-3, quantileSorted(sorted, p)), p]);
-      }
-      return { name: policy, points };
-    }),
+    series: runs.map(({ policy, run }) => ({ name: policy, points: cdfPoints(pick(run)) })),
   });
+}
+
+function ttftChart(report: BenchReport, load: number): string {
+  return cdfChart(
+    report,
+    load,
+    (run) => run.ttftS,
+    `TTFT distribution (CDF), load ${load}`,
+    "time to first token, s (log scale)",
+    "fraction of calls",
+  );
+}
+
+/** Per-session distributions: completion time, and the total time each session waited for admission. */
+function sessionCharts(report: BenchReport, load: number): string {
+  const completion = cdfChart(
+    report,
+    load,
+    (run) => run.sessionCompletionS,
+    `session completion time (CDF), load ${load}`,
+    "first arrival to last call's end, s (log scale)",
+    "fraction of sessions",
+  );
+  const wait = cdfChart(
+    report,
+    load,
+    (run) => run.sessionWaitS,
+    `admission wait per session (CDF), load ${load}`,
+    "total time a session's calls waited for admission, s (log scale; none at 1 ms)",
+    "fraction of sessions",
+  );
+  const note = wait === "" ? `<p>Load ${load}: no session waited for admission under any policy.</p>` : "";
+  return completion + wait + note;
 }
 
 function htmlTable(report: BenchReport): string {
@@ -235,7 +316,8 @@ function groupTable(report: BenchReport): string {
 export function renderHtml(report: BenchReport, meta: { describe: string[]; command?: string }): string {
   const loads = loadsOf(report);
   const perLoad = loads.map(
-    (load) => `<h2>Load ${load}</h2>${timeCharts(report, load)}${ttftChart(report, load)}`,
+    (load) =>
+      `<h2>Load ${load}</h2>${timeCharts(report, load)}${ttftChart(report, load)}${sessionCharts(report, load)}`,
   );
   const problems =
     report.problems.length > 0
@@ -267,10 +349,13 @@ ${meta.command ? `Command: <code>${escapeXml(meta.command)}</code>.` : ""}</p>
 <ul>${meta.describe.map((d) => `<li>${escapeXml(d)}</li>`).join("")}</ul>
 ${problems}
 ${htmlTable(report)}
-<p>Goodput: calls that met their SLO (TTFT and TPOT) per second of makespan. Hit rate: the engines'
-token-weighted prefix-cache hits ÷ queries over the run. <code>bound</code>: a lower bound on makespan:</p>
+<p>Goodput: calls that met their SLO (TTFT and TPOT) per second of makespan; refused: calls refused for
+good ÷ calls offered. Hit rate: the engines' token-weighted prefix-cache hits ÷ queries over the run.
+Session times (sess, wait) run per session: from its first arrival to its last call's end, and the total
+time its calls waited for admission (refusals and retry delays included). A chart whose values are all
+zero is left out. <code>bound</code>: a lower bound on makespan:</p>
 <ul>${bounds}</ul>
-${mainChartSvg(report)}${goodputChart(report)}${loads.length > 1 ? goodputVsLoad(report) : ""}
+${mainChartSvg(report)}${goodputChart(report)}${refusedChart(report)}${goodputVsLoad(report)}
 <h2>Per group</h2>
 ${groupTable(report)}
 ${perLoad.join("\n")}

@@ -1,37 +1,31 @@
 /**
- * @module `npm run bench`: the named runs of the benchmark issue (agents, agents-256, mixed, mooncake), each
- * checked against its target, plus every other `bench/*.ts` benchmark that exports a `run…Bench()` function.
- * Writes `bench/results/*.json` (and an HTML report per named run, and `agents.svg` for the README).
+ * @module `npm run bench`: the named runs of the benchmark issue (agents, agents-256, agents-mixed, the
+ * regimes burst, light, steady, long, chat and mixed, mooncake), each checked against its targets, the regret
+ * table (sluice against the best baseline), the HTTP sessions case, and every other `bench/*.ts` benchmark
+ * that exports a `run…Bench()` function. Writes `bench/results/*.json` (an HTML report per named run,
+ * `agents.svg` for the README) and, last, docs/results.md from those files.
  */
 
-import { existsSync, mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import { runHttpSessionsBench } from "./http-sessions.js";
+import type { TargetCheck } from "./regret.js";
+import { regretRows, renderChecks, renderRegretTable, targetsOf } from "./regret.js";
 import { renderTable } from "./report.js";
+import { writeResultsDoc } from "./results-doc.js";
 import type { BenchReport, ResultRow } from "./run.js";
 import type { WorkloadBenchResult } from "./suite.js";
 import { runWorkloadBench, writeOutputs } from "./suite.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
-/** One target of the issue, as measured. */
-export interface TargetCheck {
-  run: string;
-  target: string;
-  measured: number;
-  goal: string;
-  met: boolean;
-}
+export type { TargetCheck } from "./regret.js";
 
-function row(report: BenchReport, policy: string, load?: number): ResultRow {
-  const found = report.output.results.find(
-    (r) => r.policy === policy && (load === undefined || r.load === load),
-  );
-  if (!found)
-    throw new Error(
-      `no ${policy} row${load === undefined ? "" : ` at load ${load}`} in ${report.output.workload}`,
-    );
+function row(report: BenchReport, policy: string): ResultRow {
+  const found = report.output.results.find((r) => r.policy === policy);
+  if (!found) throw new Error(`no ${policy} row in ${report.output.workload}`);
   return found;
 }
 
@@ -39,117 +33,18 @@ function ratio(a: number, b: number): number {
   return b > 0 ? Math.round((a / b) * 1000) / 1000 : Number.POSITIVE_INFINITY;
 }
 
-function check(run: string, target: string, measured: number, goal: string, met: boolean): TargetCheck {
-  return { run, target, measured, goal, met };
-}
-
-function wallCheck(run: string, result: WorkloadBenchResult): TargetCheck {
-  const slowest = Math.max(0, ...result.report.runs.map(({ run: r }) => r.wallS));
-  return check(run, "slowest policy run, wall s", slowest, "≤ 60", slowest <= 60);
-}
-
-function agentsChecks(result: WorkloadBenchResult): TargetCheck[] {
-  const r = result.report;
-  const sluice = row(r, "sluice");
-  const rr = row(r, "rr");
-  const gp = row(r, "gate-prefix");
-  const bound = row(r, "bound");
-  return [
-    check(
-      "agents",
-      "sluice makespan ÷ rr",
-      ratio(sluice.makespan_s, rr.makespan_s),
-      "≤ 0.5",
-      sluice.makespan_s <= 0.5 * rr.makespan_s,
-    ),
-    check(
-      "agents",
-      "sluice makespan ÷ gate-prefix",
-      ratio(sluice.makespan_s, gp.makespan_s),
-      "≤ 0.6",
-      sluice.makespan_s <= 0.6 * gp.makespan_s,
-    ),
-    check("agents", "sluice prefix hit rate", sluice.prefix_hit_rate, "≥ 0.8", sluice.prefix_hit_rate >= 0.8),
-    check(
-      "agents",
-      "sluice makespan ÷ bound",
-      ratio(sluice.makespan_s, bound.makespan_s),
-      "≤ 1.5",
-      sluice.makespan_s <= 1.5 * bound.makespan_s,
-    ),
-  ];
-}
-
-function agents256Checks(result: WorkloadBenchResult): TargetCheck[] {
-  const r = result.report;
-  const sluice = row(r, "sluice");
-  const rr = row(r, "rr");
-  const gp = row(r, "gate-prefix");
-  return [
-    check(
-      "agents-256",
-      "rr makespan ÷ sluice",
-      ratio(rr.makespan_s, sluice.makespan_s),
-      "≥ 2",
-      rr.makespan_s >= 2 * sluice.makespan_s,
-    ),
-    check(
-      "agents-256",
-      "gate-prefix makespan ÷ sluice",
-      ratio(gp.makespan_s, sluice.makespan_s),
-      "≥ 1.5",
-      gp.makespan_s >= 1.5 * sluice.makespan_s,
-    ),
-  ];
-}
-
-function mixedChecks(result: WorkloadBenchResult, load: number): TargetCheck[] {
-  const r = result.report;
-  const sluiceRun = r.runs.find((x) => x.policy === "sluice" && x.load === load)?.run;
-  const interactive = sluiceRun?.groups.interactive;
-  const bulk = sluiceRun?.groups.bulk;
-  const ttftSloS = interactive?.ttft_slo_s ?? Number.NaN;
-  const sluice = row(r, "sluice", load);
-  const best = Math.max(...["rr", "gate", "gate-prefix"].map((p) => row(r, p, load).goodput_rps));
-  return [
-    check(
-      "mixed",
-      `sluice interactive TTFT p99 at load ${load}, s`,
-      interactive?.ttft_p99_s ?? Number.NaN,
-      `≤ ${ttftSloS} (SLO)`,
-      interactive !== undefined && interactive.ttft_p99_s <= ttftSloS,
-    ),
-    check(
-      "mixed",
-      `sluice bulk calls completed at load ${load}`,
-      bulk?.completed ?? 0,
-      "> 0",
-      (bulk?.completed ?? 0) > 0,
-    ),
-    check(
-      "mixed",
-      `sluice goodput ÷ best baseline at load ${load}`,
-      ratio(sluice.goodput_rps, best),
-      "≥ 1.5",
-      sluice.goodput_rps >= 1.5 * best,
-    ),
-  ];
-}
-
-function mooncakeChecks(result: WorkloadBenchResult, load: number): TargetCheck[] {
-  const r = result.report;
-  const sluice = row(r, "sluice", load);
-  const rr = row(r, "rr", load);
-  return [
-    check(
-      "mooncake",
-      `sluice goodput ÷ rr at load ${load}`,
-      ratio(sluice.goodput_rps, rr.goodput_rps),
-      "≥ 1.5",
-      sluice.goodput_rps >= 1.5 * rr.goodput_rps,
-    ),
-  ];
-}
+/** The named workloads `npm run bench` runs at their own loads, in order (mooncake follows, at rr's knee). */
+export const NAMED_RUNS = [
+  "agents",
+  "agents-256",
+  "agents-mixed",
+  "burst",
+  "light",
+  "steady",
+  "long",
+  "chat",
+  "mixed",
+] as const;
 
 /** Loads tried, in order, to find where rr first misses its TTFT SLO for more than 10 % of requests. */
 export const MOONCAKE_KNEE_LOADS = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4] as const;
@@ -206,6 +101,40 @@ export async function seedSpread(
   return { workload, seeds: rows, min: Math.min(...ratios), mean, max: Math.max(...ratios) };
 }
 
+/** The part of `npm run bench` a target or problem came from: a workload name, or `others` for a `file.ts`. */
+function partOf(run: string): string {
+  return run.endsWith(".ts") ? "others" : run;
+}
+
+/**
+ * The summary after a partial run (`--only`): what the parts that ran produced
+ * replaces their old entries, everything else of the last full run stays (its
+ * wall time included; the partial run's is recorded under `partial`).
+ */
+export function mergeSummary(
+  previous: Record<string, unknown>,
+  current: Record<string, unknown>,
+  ran: ReadonlySet<string>,
+): Record<string, unknown> {
+  const list = <T>(value: unknown): T[] => (Array.isArray(value) ? (value as T[]) : []);
+  const kept = <T>(key: string, runOf: (entry: T) => string): T[] =>
+    list<T>(previous[key]).filter((entry) => !ran.has(partOf(runOf(entry))));
+  const merged: Record<string, unknown> = { ...previous };
+  for (const key of ["mooncake_knee", "seed_spread"])
+    if (current[key] !== undefined) merged[key] = current[key];
+  merged.regret = [
+    ...kept<{ workload: string }>("regret", (r) => r.workload),
+    ...list<unknown>(current.regret),
+  ];
+  merged.targets = [...kept<TargetCheck>("targets", (c) => c.run), ...list<TargetCheck>(current.targets)];
+  merged.problems = [
+    ...kept<string>("problems", (p) => p.slice(0, Math.max(0, p.indexOf(":")))),
+    ...list<string>(current.problems),
+  ];
+  merged.partial = { only: [...ran], wall_s: current.wall_s, finished_at: current.finished_at };
+  return merged;
+}
+
 function writeJson(path: string, value: unknown): void {
   mkdirSync(dirname(path), { recursive: true });
   writeFileSync(path, `${JSON.stringify(value, null, 2)}\n`);
@@ -223,12 +152,16 @@ export async function runAll(argv: string[]): Promise<number> {
   });
   const outDir = resolve(values.out ?? join(HERE, "results"));
   const names = new Set(
-    (values.only ?? "agents,agents-256,mixed,mooncake,seeds,others").split(",").map((s) => s.trim()),
+    (values.only ?? [...NAMED_RUNS, "mooncake", "http-sessions", "seeds", "others"].join(","))
+      .split(",")
+      .map((s) => s.trim()),
   );
+  const started = performance.now();
   const log = (line: string) => process.stderr.write(`${line}\n`);
   const checks: TargetCheck[] = [];
   const problems: string[] = [];
   const summary: Record<string, unknown> = {};
+  const regret: ReturnType<typeof regretRows> = [];
 
   const finish = (name: string, result: WorkloadBenchResult) => {
     writeOutputs(result, {
@@ -240,31 +173,37 @@ export async function runAll(argv: string[]): Promise<number> {
     process.stdout.write(
       `\n== ${name}\n${result.describe.join("\n")}\n${renderTable(result.report.output.results)}\n`,
     );
-    checks.push(wallCheck(name, result));
+    checks.push(...targetsOf(result.report.output));
+    regret.push(...regretRows(result.report.output));
     problems.push(...result.report.problems.map((p) => `${name}: ${p}`));
   };
 
-  if (names.has("agents")) {
-    const result = await runWorkloadBench({ workload: "agents", onProgress: log });
-    finish("agents", result);
-    checks.push(...agentsChecks(result));
-  }
-  if (names.has("agents-256")) {
-    const result = await runWorkloadBench({ workload: "agents-256", onProgress: log });
-    finish("agents-256", result);
-    checks.push(...agents256Checks(result));
-  }
-  if (names.has("mixed")) {
-    const result = await runWorkloadBench({ workload: "mixed", loads: [1, 1.5, 2], onProgress: log });
-    finish("mixed", result);
-    checks.push(...mixedChecks(result, 1.5));
+  for (const name of NAMED_RUNS) {
+    if (!names.has(name)) continue;
+    const result = await runWorkloadBench({ workload: name, onProgress: log });
+    finish(name, result);
   }
   if (names.has("mooncake")) {
     const knee = await findRrKnee(MOONCAKE_KNEE_LOADS, log);
     summary.mooncake_knee = knee;
     const result = await runWorkloadBench({ workload: "mooncake", loads: [knee.load], onProgress: log });
     finish("mooncake", result);
-    checks.push(...mooncakeChecks(result, knee.load));
+  }
+  if (names.has("http-sessions")) {
+    try {
+      const http = await runHttpSessionsBench({ onProgress: log });
+      writeJson(join(outDir, "http-sessions.json"), http);
+      process.stdout.write(`\n== http-sessions\n${JSON.stringify(http, null, 2)}\n`);
+      checks.push({
+        run: "http-sessions",
+        target: "sluice total time ÷ gate-prefix",
+        measured: http.sluice_over_gate_prefix,
+        goal: http.goal,
+        met: http.met,
+      });
+    } catch (error) {
+      problems.push(`http-sessions: ${(error as Error).stack ?? String(error)}`);
+    }
   }
 
   if (names.has("seeds")) {
@@ -311,15 +250,22 @@ export async function runAll(argv: string[]): Promise<number> {
     }
   }
 
+  summary.regret = regret;
   summary.targets = checks;
   summary.problems = problems;
-  writeJson(join(outDir, "summary.json"), summary);
-  process.stdout.write("\n== targets (measured, not tuned)\n");
-  for (const c of checks) {
-    process.stdout.write(
-      `${c.met ? "met   " : "MISSED"}  ${c.run}: ${c.target} = ${c.measured} (goal ${c.goal})\n`,
-    );
-  }
+  summary.wall_s = Math.round((performance.now() - started) / 100) / 10;
+  summary.finished_at = new Date().toISOString().replace(/\.\d+Z$/, "Z");
+  const summaryPath = join(outDir, "summary.json");
+  const previous =
+    values.only !== undefined && existsSync(summaryPath)
+      ? (JSON.parse(readFileSync(summaryPath, "utf8")) as Record<string, unknown>)
+      : undefined;
+  writeJson(summaryPath, previous ? mergeSummary(previous, summary, names) : summary);
+  if (regret.length > 0)
+    process.stdout.write(`\n== regret: sluice against the best baseline\n${renderRegretTable(regret)}\n`);
+  process.stdout.write(`\n== targets (measured, not tuned)\n${renderChecks(checks)}\n`);
+  process.stdout.write(`\nwall time ${summary.wall_s} s\n`);
+  if (values.out === undefined) log(`wrote ${writeResultsDoc(outDir)}`);
   if (problems.length > 0) {
     process.stderr.write(`\n${problems.length} problem(s):\n${problems.map((p) => `  ${p}`).join("\n")}\n`);
     return 1;

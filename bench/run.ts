@@ -10,7 +10,7 @@ import { lowerBound } from "./cost-model.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
-/** The policies the scheduler runs (SPEC 13). */
+/** The policies the scheduler runs (SPEC 13): three baselines, CONCUR's session-count window, sluice. */
 export const BENCH_POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
 export type BenchPolicy = (typeof BENCH_POLICIES)[number];
 
@@ -49,7 +49,16 @@ export interface ResultRow {
   ttft_p99_s: number;
   tpot_p50_s: number;
   tpot_p99_s: number;
+  /** Sessions whose every call completed: first arrival to last call's end, s. */
+  session_completion_mean_s: number;
+  session_completion_p99_s: number;
+  /** Per session, the total time its calls waited for admission (ready → admitted, refusals and retries included), s. */
+  session_wait_mean_s: number;
+  session_wait_p99_s: number;
+  session_wait_max_s: number;
   completed: number;
+  /** Calls refused for good (after any retries) ÷ calls offered. */
+  refused_share: number;
   rejected: Record<string, number>;
 }
 
@@ -95,6 +104,10 @@ export interface PolicyRun {
   samples: Sample[];
   /** TTFT of every completed call, s, in completion order. */
   ttftS: number[];
+  /** Completion time of every session whose calls all completed, s. */
+  sessionCompletionS: number[];
+  /** Total admission wait of every session, s. */
+  sessionWaitS: number[];
   /** Counters of the scheduler once the run ended; all zero when nothing leaked. */
   idle: { permits: number; reservations: number; windowSlots: number; queued: number } | null;
   /** Calls that neither completed nor were refused for good when the run stopped. */
@@ -121,11 +134,14 @@ export interface PolicyRunOptions {
   signal?: AbortSignal;
 }
 
-interface CallRecord {
+/** What happened to one call. */
+export interface CallRecord {
   readyAt: number;
   firstTokenAt: number | undefined;
   endAt: number;
   tokens: number;
+  /** Time spent waiting for admission (ready → admitted, refusals, retry delays and failed attempts included), ms. */
+  waitMs: number;
   outcome: "pending" | "ok" | "refused" | "failed" | "abandoned";
 }
 
@@ -166,6 +182,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     firstTokenAt: undefined,
     endAt: 0,
     tokens: 0,
+    waitMs: 0,
     outcome: "pending",
   }));
   const dependents: number[][] = calls.map(() => []);
@@ -248,6 +265,8 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
       prompt = call.newTokens();
     }
     const keepsContext = dependents[call.index]!.some((next) => calls[next]!.extendsAfter);
+    // Waiting for admission starts when the call is ready and again after a failed attempt.
+    let waitingSince = clock.now();
     for (let attempt = 0; ; attempt++) {
       const request: CallRequest = {
         requestId: `${call.id}-a${attempt}`,
@@ -268,9 +287,11 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
           await sleep(clock, error.retryAfterSeconds * 1000);
           continue;
         }
+        record.waitMs += clock.now() - waitingSince;
         finish(call, "refused");
         return;
       }
+      record.waitMs += clock.now() - waitingSince;
       let firstTokenAt: number | undefined;
       let tokens = 0;
       const output: number[] = [];
@@ -297,6 +318,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
       } catch (error) {
         if (!(error instanceof EngineError)) throw error;
         countRejection("engine_error");
+        waitingSince = clock.now();
         if (call.retry) {
           await sleep(clock, 1000);
           continue;
@@ -381,7 +403,9 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   for (const engine of engines) await engine.close?.();
   signal?.throwIfAborted();
 
+  const sessions = sessionTimes(calls, records);
   const row = summarize({
+    sessions,
     policy,
     workload,
     records,
@@ -404,6 +428,8 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     groups: groupStats(workload, records, row.makespan_s),
     samples,
     ttftS,
+    sessionCompletionS: sessions.completionS.map((v) => round(v, 3)),
+    sessionWaitS: sessions.waitS.map((v) => round(v, 3)),
     ttftMiss: round(calls.length > 0 ? 1 - ttftMet / calls.length : 0, 4),
     idle,
     unfinished,
@@ -453,8 +479,11 @@ function summarize(input: {
   endSignals: ReturnType<Engine["signals"]>[];
   recomputed: number;
   endMs: number;
+  sessions: SessionTimes;
 }): ResultRow {
   const { workload, records } = input;
+  let refused = 0;
+  for (const record of records) if (record.outcome === "refused") refused++;
   const ttft: number[] = [];
   const tpot: number[] = [];
   let completed = 0;
@@ -497,9 +526,58 @@ function summarize(input: {
     ttft_p99_s: round(quantile(ttft, 0.99), 4),
     tpot_p50_s: round(quantile(tpot, 0.5), 5),
     tpot_p99_s: round(quantile(tpot, 0.99), 5),
+    session_completion_mean_s: round(mean(input.sessions.completionS), 3),
+    session_completion_p99_s: round(quantile(input.sessions.completionS, 0.99), 3),
+    session_wait_mean_s: round(mean(input.sessions.waitS), 3),
+    session_wait_p99_s: round(quantile(input.sessions.waitS, 0.99), 3),
+    session_wait_max_s: round(input.sessions.waitS.length > 0 ? Math.max(...input.sessions.waitS) : 0, 3),
     completed,
+    refused_share: round(records.length > 0 ? refused / records.length : 0, 4),
     rejected,
   };
+}
+
+function mean(values: readonly number[]): number {
+  return values.length > 0 ? values.reduce((a, b) => a + b, 0) / values.length : 0;
+}
+
+/** Per-session numbers of a run, in seconds. */
+export interface SessionTimes {
+  /** First arrival to last call's end, for sessions whose every call completed. */
+  completionS: number[];
+  /** Total admission wait of each session (every session, finished or not). */
+  waitS: number[];
+}
+
+/**
+ * Groups calls into sessions (a call without a session id is a session of its
+ * own) and measures each: completion from its first call's arrival to its last
+ * call's end when every call completed, and the admission waits of its calls.
+ */
+export function sessionTimes(calls: readonly PlannedCall[], records: readonly CallRecord[]): SessionTimes {
+  const sessions = new Map<string, { startMs: number; endMs: number; waitMs: number; complete: boolean }>();
+  calls.forEach((call, i) => {
+    const record = records[i]!;
+    const key = call.sessionId ?? `call:${call.id}`;
+    const session = sessions.get(key) ?? {
+      startMs: Number.POSITIVE_INFINITY,
+      endMs: 0,
+      waitMs: 0,
+      complete: true,
+    };
+    sessions.set(key, session);
+    session.startMs = Math.min(session.startMs, call.arrivalMs);
+    session.endMs = Math.max(session.endMs, record.endAt);
+    session.waitMs += record.waitMs;
+    if (record.outcome !== "ok") session.complete = false;
+  });
+  const completionS: number[] = [];
+  const waitS: number[] = [];
+  for (const session of sessions.values()) {
+    waitS.push(session.waitMs / 1000);
+    if (session.complete) completionS.push((session.endMs - session.startMs) / 1000);
+  }
+  return { completionS, waitS };
 }
 
 function groupStats(
@@ -584,7 +662,13 @@ export function boundRow(
       ttft_p99_s: round(quantile(bound.ttftMs, 0.99) / 1000, 4),
       tpot_p50_s: round(quantile(bound.tpotMs, 0.5) / 1000, 5),
       tpot_p99_s: round(quantile(bound.tpotMs, 0.99) / 1000, 5),
+      session_completion_mean_s: round(mean(bound.sessionCompletionS), 3),
+      session_completion_p99_s: round(quantile(bound.sessionCompletionS, 0.99), 3),
+      session_wait_mean_s: 0,
+      session_wait_p99_s: 0,
+      session_wait_max_s: 0,
       completed: n,
+      refused_share: 0,
       rejected: {},
     },
   };

@@ -5,10 +5,66 @@ const COLOURS: Record<string, string> = {
   rr: "#8c8c8c",
   gate: "#e08a1e",
   "gate-prefix": "#3b7dd8",
+  concur: "#b04fb0",
   sluice: "#1f9d55",
   bound: "#222222",
 };
-const FALLBACK = ["#b04fb0", "#d84a4a", "#2aa3a3", "#7a5c3a", "#5560c8"];
+const FALLBACK = ["#d84a4a", "#2aa3a3", "#7a5c3a", "#5560c8", "#b04fb0"];
+
+/** Marker shapes, so lines that lie on top of each other stay told apart. */
+export type MarkerShape = "circle" | "square" | "triangle" | "diamond" | "cross";
+
+/** A line's stroke pattern and marker; policies have fixed ones, other series cycle. */
+export interface LineStyle {
+  /** SVG stroke-dasharray, or null for a solid line. */
+  dash: string | null;
+  marker: MarkerShape;
+}
+
+const STYLES: Record<string, LineStyle> = {
+  rr: { dash: null, marker: "circle" },
+  gate: { dash: "2 3", marker: "square" },
+  "gate-prefix": { dash: "8 3", marker: "triangle" },
+  concur: { dash: "8 3 2 3", marker: "diamond" },
+  sluice: { dash: null, marker: "cross" },
+};
+const FALLBACK_STYLES: LineStyle[] = [
+  { dash: null, marker: "circle" },
+  { dash: "2 3", marker: "square" },
+  { dash: "8 3", marker: "triangle" },
+  { dash: "8 3 2 3", marker: "diamond" },
+  { dash: "4 2", marker: "cross" },
+];
+
+/** The stroke pattern and marker of a series (policy names have fixed ones). */
+export function styleOf(name: string, index = 0): LineStyle {
+  return STYLES[name] ?? FALLBACK_STYLES[index % FALLBACK_STYLES.length]!;
+}
+
+/** A small marker centred on (x, y). */
+export function markerSvg(shape: MarkerShape, x: number, y: number, colour: string, title = ""): string {
+  const t = title ? `<title>${escapeXml(title)}</title>` : "";
+  const X = x.toFixed(1);
+  const Y = y.toFixed(1);
+  switch (shape) {
+    case "circle":
+      return `<circle cx="${X}" cy="${Y}" r="3.5" fill="${colour}">${t}</circle>`;
+    case "square":
+      return `<rect x="${(x - 3.2).toFixed(1)}" y="${(y - 3.2).toFixed(1)}" width="6.4" height="6.4" fill="${colour}">${t}</rect>`;
+    case "triangle":
+      return `<path d="M${X} ${(y - 4.2).toFixed(1)}L${(x + 4).toFixed(1)} ${(y + 3).toFixed(1)}L${(x - 4).toFixed(1)} ${(y + 3).toFixed(1)}Z" fill="${colour}">${t}</path>`;
+    case "diamond":
+      return `<path d="M${X} ${(y - 4.5).toFixed(1)}L${(x + 4.5).toFixed(1)} ${Y}L${X} ${(y + 4.5).toFixed(1)}L${(x - 4.5).toFixed(1)} ${Y}Z" fill="${colour}">${t}</path>`;
+    case "cross":
+      return `<path d="M${(x - 4).toFixed(1)} ${(y - 4).toFixed(1)}L${(x + 4).toFixed(1)} ${(y + 4).toFixed(1)}M${(x - 4).toFixed(1)} ${(y + 4).toFixed(1)}L${(x + 4).toFixed(1)} ${(y - 4).toFixed(1)}" stroke="${colour}" stroke-width="2.2" fill="none">${t}</path>`;
+  }
+}
+
+/** Whether any value is a finite number other than 0: a chart without one draws nothing worth showing. */
+export function hasSignal(values: Iterable<number | null | undefined>): boolean {
+  for (const v of values) if (typeof v === "number" && Number.isFinite(v) && v !== 0) return true;
+  return false;
+}
 
 /** The colour of a series (policy names have fixed colours). */
 export function colourOf(name: string, index = 0): string {
@@ -82,14 +138,18 @@ function yAxis(f: Frame, ticks: number[], y: (v: number) => number, label: strin
   return out;
 }
 
-function legend(f: Frame, names: { name: string; colour: string; dashed?: boolean }[]): string {
+function legend(
+  f: Frame,
+  names: { name: string; colour: string; dash?: string | null; marker?: MarkerShape }[],
+): string {
   let x = f.left;
   let out = "";
   const y = f.height - 6;
-  for (const { name, colour, dashed } of names) {
-    out += `<line x1="${x}" x2="${x + 18}" y1="${y - 4}" y2="${y - 4}" stroke="${colour}" stroke-width="3"${dashed ? ' stroke-dasharray="5 3"' : ""}/>`;
-    out += `<text x="${x + 22}" y="${y}" fill="#333">${escapeXml(name)}</text>`;
-    x += 30 + name.length * 7;
+  for (const { name, colour, dash, marker } of names) {
+    out += `<line x1="${x}" x2="${x + 24}" y1="${y - 4}" y2="${y - 4}" stroke="${colour}" stroke-width="2.5"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`;
+    if (marker) out += markerSvg(marker, x + 12, y - 4, colour);
+    out += `<text x="${x + 28}" y="${y}" fill="#333">${escapeXml(name)}</text>`;
+    x += 36 + name.length * 7;
   }
   return out;
 }
@@ -150,6 +210,7 @@ export function barChart(options: BarChartOptions): string {
       options.series.map((s, i) => ({
         name: s.name,
         colour: options.colourByCategory ? "#555" : colourOf(s.name, i),
+        dash: null,
       })),
     );
   }
@@ -203,17 +264,27 @@ export function lineChart(options: LineChartOptions): string {
     body += `<text x="${px}" y="${f.bottom + 16}" text-anchor="middle" fill="#444">${fmtNumber(t)}</text>`;
   }
   body += `<text x="${(f.left + f.right) / 2}" y="${f.bottom + 32}" text-anchor="middle" fill="#444">${escapeXml(options.xLabel)}</text>`;
+  // Lines that coincide must all stay visible: earlier series are drawn wider, every series has its own
+  // stroke pattern, and markers sit at staggered points so each line shows its own.
+  const styles = series.map((s, i) => {
+    const base = styleOf(s.name.split(" ")[0] ?? s.name, i);
+    return { ...base, dash: s.dashed ? "6 4" : base.dash };
+  });
+  const widest = 2 + 0.9 * Math.max(0, series.length - 1);
   series.forEach((s, i) => {
     if (s.points.length === 0) return;
     const colour = s.colour ?? colourOf(s.name, i);
+    const style = styles[i]!;
     const d = s.points
       .map(([px, py], k) => `${k === 0 ? "M" : "L"}${x(px).toFixed(1)} ${y(py).toFixed(1)}`)
       .join("");
-    body += `<path d="${d}" fill="none" stroke="${colour}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ""}><title>${escapeXml(s.name)}</title></path>`;
-    if (options.markers) {
-      for (const [px, py] of s.points) {
-        body += `<circle cx="${x(px).toFixed(1)}" cy="${y(py).toFixed(1)}" r="3.5" fill="${colour}"><title>${escapeXml(`${s.name}: ${fmtNumber(px)}, ${fmtNumber(py)}`)}</title></circle>`;
-      }
+    const width = Math.max(1.5, widest - 0.9 * i);
+    body += `<path d="${d}" fill="none" stroke="${colour}" stroke-width="${width.toFixed(1)}" stroke-opacity="0.9"${style.dash ? ` stroke-dasharray="${style.dash}"` : ""}><title>${escapeXml(s.name)}</title></path>`;
+    const every = options.markers ? 1 : Math.max(1, Math.ceil(s.points.length / 8));
+    const offset = options.markers ? 0 : Math.floor((every * i) / Math.max(1, series.length));
+    for (let k = offset; k < s.points.length; k += every) {
+      const [px, py] = s.points[k]!;
+      body += markerSvg(style.marker, x(px), y(py), colour, `${s.name}: ${fmtNumber(px)}, ${fmtNumber(py)}`);
     }
   });
   body += legend(
@@ -221,7 +292,8 @@ export function lineChart(options: LineChartOptions): string {
     series.map((s, i) => ({
       name: s.name,
       colour: s.colour ?? colourOf(s.name, i),
-      dashed: s.dashed ?? false,
+      dash: styles[i]!.dash,
+      marker: styles[i]!.marker,
     })),
   );
   return header(f, options.title, body);

@@ -97,6 +97,23 @@ export interface EngineSignals {
   kvCapacitySource?: "engine" | "derived" | "configured" | "unknown";
   /** The prefix-cache hit rate the engine itself states as a gauge (0–1, whatever unit it used), for display only. */
   statedHitRate?: number;
+  /*
+   * A second KV tier in host memory (vLLM's CPU offloading connector, LMCache,
+   * SGLang HiCache): prefixes evicted from GPU memory that load back over
+   * PCIe instead of being recomputed. All absent for an engine with one tier
+   * or one that does not say; `prefixQueryTokens`/`prefixHitTokens` above
+   * count the GPU tier (SGLang's cached tokens include its host hits).
+   */
+  /** Host-tier capacity, tokens; absent when there is no host tier, 0 when it exists but its size is not stated. */
+  hostKvCapacityTokens?: number;
+  /** Host-tier blocks held over its capacity (0–1), when stated. */
+  hostKvUsage?: number;
+  /** Prompt tokens looked up in the host tier (cumulative): each prompt less its GPU hits, as vLLM counts external prefix-cache queries. */
+  hostPrefixQueryTokens?: number;
+  /** Prompt tokens loaded from the host tier instead of recomputed (cumulative). */
+  hostPrefixHitTokens?: number;
+  /** Tokens per second one call loads from the host tier (one rank's links), stated or measured, when known. */
+  hostLoadTokensPerSecond?: number;
 }
 
 /** A replica: the scheduler forwards admitted calls to it and reads its signals. */

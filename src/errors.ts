@@ -16,7 +16,12 @@ export type RefusalReason =
   | "session_queue_full"
   | "rate_limited"
   | "worker_overloaded"
-  | "unavailable";
+  | "unavailable"
+  | "idempotency_in_progress"
+  | "idempotency_key_reused"
+  | "batch_not_found"
+  | "file_not_found"
+  | "job_not_found";
 
 /** OpenAI-style error `type` field. */
 export type ErrorType =
@@ -66,6 +71,12 @@ export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   rate_limited: 429,
   worker_overloaded: 529,
   unavailable: 503,
+  // An Idempotency-Key whose first request still runs (409, with Retry-After), or that came back with another body (422).
+  idempotency_in_progress: 409,
+  idempotency_key_reused: 422,
+  batch_not_found: 404,
+  file_not_found: 404,
+  job_not_found: 404,
 };
 
 /** The HTTP status SPEC 8 gives a reason (529 for `worker_overloaded` unless configured otherwise). */
@@ -81,6 +92,11 @@ export function isRefusalReason(reason: string): reason is RefusalReason {
 /** Statuses that tell a client to come back later, and so carry `Retry-After`. */
 export function isRetryableStatus(status: number): boolean {
   return status === 429 || status === 503 || status === 529 || (status >= 500 && status !== 501);
+}
+
+/** Whether a refusal tells the client when to come back: every retryable status, and a key still in progress. */
+function carriesRetryAfter(reason: RefusalReason, status: number): boolean {
+  return isRetryableStatus(status) || reason === "idempotency_in_progress";
 }
 
 /**
@@ -107,7 +123,7 @@ export class Refusal extends Error {
     this.lane = init.lane;
     this.limits = init.limits;
     this.param = init.param ?? null;
-    this.retryAfterSeconds = isRetryableStatus(this.status)
+    this.retryAfterSeconds = carriesRetryAfter(reason, this.status)
       ? wholeSecondsAtLeastOne(init.retryAfterSeconds ?? 1)
       : undefined;
   }
@@ -123,7 +139,7 @@ export class Refusal extends Error {
       if (init[key] !== undefined) fields[key] = init[key];
     }
     if (init.retryAfterSeconds !== undefined || init.status !== undefined) {
-      fields.retryAfterSeconds = isRetryableStatus(copy.status)
+      fields.retryAfterSeconds = carriesRetryAfter(copy.reason, copy.status)
         ? wholeSecondsAtLeastOne(init.retryAfterSeconds ?? this.retryAfterSeconds ?? 1)
         : undefined;
     }
@@ -144,7 +160,7 @@ export function wholeSecondsAtLeastOne(seconds: number): number {
 
 function errorTypeOf(reason: RefusalReason, status: number): ErrorType {
   if (reason === "unauthorized") return "authentication_error";
-  if (reason === "model_not_found" || reason === "session_not_found") return "not_found_error";
+  if (reason.endsWith("_not_found")) return "not_found_error";
   if (reason === "unavailable") return "unavailable_error";
   if (status === 429 || status >= 500) return "overloaded_error";
   return "invalid_request_error";

@@ -22,7 +22,14 @@ export {
   longestPrefixMatch,
 } from "./routing/block-hash.js";
 export {
+  type BlockTier,
+  FleetPrefixIndex,
+  type FleetPrefixIndexOptions,
+  type FleetPrefixIndexStats,
+} from "./routing/fleet-prefix-index.js";
+export {
   choosePlacement,
+  keepPin,
   type Placement,
   type PlacementCandidate,
   type PlacementInput,

@@ -8,7 +8,7 @@
 
 import { followAbort } from "./abort.js";
 import { classifyLane } from "./budget/classify-lane.js";
-import { checkDeadline, predictTtftMs } from "./budget/feasibility.js";
+import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
 import type { Reservation } from "./budget/token-budget.js";
 import { type Cancel, type Clock, realClock } from "./clock.js";
@@ -25,11 +25,19 @@ import { EngineError, Refusal } from "./errors.js";
 import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
 import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
-import { choosePlacement, type Placement as PlacementDecision } from "./routing/placement.js";
+import { FleetPrefixIndex } from "./routing/fleet-prefix-index.js";
+import {
+  choosePlacement,
+  keepPin,
+  type PlacementCandidate,
+  type Placement as PlacementDecision,
+  predictTtftMs,
+} from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
-import { AimdWindow } from "./sessions/aimd-window.js";
+import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
 import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
+import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
@@ -70,6 +78,26 @@ interface SessionRouting {
   hashes: string[];
 }
 
+/** A call after steps 1–3: validated, tokenized and classified. */
+interface CallPlan {
+  model: string;
+  tokens: readonly number[];
+  maxTokens: number;
+  lane: Lane;
+  session: SessionRecord | undefined;
+}
+
+/** What a call holds while it passes steps 4–8; released at once when a step refuses. */
+interface PendingHolds {
+  /** A session step counted as running. */
+  step: boolean;
+  reservation: Reservation | null;
+  permit: Permit | null;
+  replica: ReplicaRuntime | undefined;
+  /** Prefill tokens counted in flight on `replica`. */
+  inflight: number;
+}
+
 /** Counts that must all be zero once the scheduler is idle (every session closed, every call ended). */
 export interface IdleCheck {
   permits: number;
@@ -90,6 +118,8 @@ export class Scheduler {
   private readonly clock: Clock;
   private readonly replicas: ReplicaRuntime[];
   private readonly byId = new Map<string, ReplicaRuntime>();
+  /** Blocks each replica is believed to hold, one index for the fleet; null for policies without prefix routing. */
+  private readonly prefixIndex: FleetPrefixIndex | null;
   private readonly promptTokenizer: PromptTokenizer | undefined;
   private readonly tokenizer: Tokenizer | undefined;
   private readonly listeners: SchedulerEvents[] = [];
@@ -101,6 +131,8 @@ export class Scheduler {
   /** Replica a session was pinned to by another frontend, for its first step here. */
   private readonly pinHints = new Map<string, string>();
   private roundRobin = 0;
+  /** What the per-replica window control reads and reports through. */
+  private readonly windowContext: WindowControlContext;
   private cancelTick: Cancel | undefined;
   private running = false;
   private accepting = true;
@@ -119,10 +151,14 @@ export class Scheduler {
     this.sessionDirectory = options.sessionDirectory;
     this.promptTokenizer = options.tokenizer ? new PromptTokenizer(options.tokenizer) : undefined;
     if (options.events) this.listeners.push(options.events);
+    this.prefixIndex =
+      this.features.placement === "prefix"
+        ? new FleetPrefixIndex({ capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1 })
+        : null;
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
         throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
-      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features);
+      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features, this.prefixIndex);
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
@@ -140,6 +176,11 @@ export class Scheduler {
     for (const replica of this.replicas) {
       this.admission.addReplica(replica.id, replica.window?.size ?? replica.tokenWindow?.size ?? null);
     }
+    this.windowContext = {
+      config: this.config,
+      admission: this.admission,
+      onChange: (event) => this.emit("window", event),
+    };
     this.overload = this.features.overload
       ? new OverloadController({
           clock: this.clock,
@@ -370,246 +411,288 @@ export class Scheduler {
     }
   }
 
-  private async admit(
-    req: CallRequest,
-    call: {
-      model: string;
-      tokens: readonly number[];
-      maxTokens: number;
-      lane: Lane;
-      session: SessionRecord | undefined;
-    },
-  ): Promise<AdmittedCall> {
+  /**
+   * SPEC 2 steps 4–8 for a validated, tokenized and classified call: session
+   * admission and routing, token budget, feasibility, gate, forward — one
+   * step a method, each refusing as early as it can. Whatever a step took is
+   * in `holds` and is released at once when a later one refuses; once the
+   * call is forwarded, the admitted call owns every hold.
+   */
+  private async admit(req: CallRequest, call: CallPlan): Promise<AdmittedCall> {
     const startedAt = this.clock.now();
-    const { tokens, maxTokens, lane, session } = call;
-    const hashes = this.features.placement === "prefix" ? this.hashesFor(session, tokens) : [];
-    let stepHeld = false;
-    let reservation: Reservation | null = null;
-    let permit: Permit | null = null;
-    let inflightPrefill = 0;
-    let replica: ReplicaRuntime | undefined;
-    const released = () => {
-      permit?.release();
-      reservation?.release();
-      if (replica) replica.inflightPrefillTokens -= inflightPrefill;
-      if (stepHeld && session) this.admission.endStep(session, { completed: false });
+    const hashes = this.features.placement === "prefix" ? this.hashesFor(call.session, call.tokens) : [];
+    const holds: PendingHolds = {
+      step: false,
+      reservation: null,
+      permit: null,
+      replica: undefined,
+      inflight: 0,
     };
     try {
-      const eligible = this.eligible(call.model);
-      if (eligible.length === 0) {
-        throw new Refusal("unavailable", "no healthy replica serves this model", {
-          retryAfterSeconds: 1,
-          scope: "fleet",
-        });
-      }
-      let decision: PlacementDecision;
-      if (session && this.features.window !== null) {
-        if (
-          session.state === "waiting" &&
-          eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
-        ) {
-          // Fail closed: no replica has fresh signals (or a shared-window grant) to admit a new session on.
-          throw new Refusal(
-            "unavailable",
-            "no replica can take new sessions now (signals stale or unavailable)",
-            {
-              retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
-              scope: "fleet",
-            },
-          );
-        }
-        const hint = this.pinHints.get(session.id);
-        const choose = (candidates: readonly string[]) =>
-          hint !== undefined && candidates.includes(hint)
-            ? hint
-            : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica;
-        const demand = { promptTokens: tokens.length, maxTokens, expectedIdleMs: req.expectedIdleMs };
-        let pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
-        stepHeld = true;
-        const alive = (id: string) => eligible.some((candidate) => candidate.id === id);
-        if (!alive(pinned) && !eligible.some((candidate) => this.admission.hasRoom(candidate.id, session))) {
-          // Its replica is down and no survivor has room now: leave the dead replica's window and
-          // wait for room elsewhere, ahead of new sessions, rather than be sent where no one answers.
-          this.admission.endStep(session, { completed: false });
-          stepHeld = false;
-          this.admission.evacuate(session);
-          pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
-          stepHeld = true;
-          if (!alive(pinned)) {
-            throw new Refusal("unavailable", `replica ${pinned} is unavailable and no other has room`, {
-              retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
-              scope: "fleet",
-            });
-          }
-        }
-        this.pinHints.delete(session.id);
-        const movable = eligible.filter(
-          (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
-        );
-        decision =
-          this.place(tokens, hashes, pinned, movable) ??
-          ({
-            replica: pinned,
-            reason: "pinned",
-            predictedHitTokens: 0,
-            predictedTtftMs: 0,
-          } as PlacementDecision);
-        if (session.movedFrom !== null) {
-          // Resumed on another replica because its own had no room for it: an affinity break.
-          if (decision.replica !== session.movedFrom) decision = { ...decision, reason: "affinity_break" };
-          session.movedFrom = null;
-        }
-        if (session.steps === 0 && decision.reason === "pinned") {
-          decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
-        }
-        if (decision.replica !== pinned) this.admission.rebind(session, decision.replica);
-      } else {
-        const placed = this.route(tokens, hashes, eligible);
-        if (!placed)
-          throw new Refusal("unavailable", "no replica can take the call", {
-            retryAfterSeconds: 1,
-            scope: "fleet",
-          });
-        decision = placed;
-        if (session) {
-          await this.admission.acquireStep(session, () => decision.replica, req.signal, {
-            promptTokens: tokens.length,
-            maxTokens,
-            expectedIdleMs: req.expectedIdleMs,
-          });
-          stepHeld = true;
-          this.admission.rebind(session, decision.replica);
-        }
-      }
-      replica = this.byId.get(decision.replica)!;
+      const decision = await this.admitAndRoute(req, call, hashes, holds);
+      const replica = this.byId.get(decision.replica)!;
+      holds.replica = replica;
       this.emit("route", {
         replica: replica.id,
         reason: decision.reason,
         predictedHitTokens: decision.predictedHitTokens,
-        promptTokens: tokens.length,
+        promptTokens: call.tokens.length,
       });
-      const uncached = Math.max(0, tokens.length - decision.predictedHitTokens);
-      if (replica.budget) {
-        // SPEC 5: a call reserves what it adds to the replica's KV — its uncached prompt tokens as the
-        // router predicts them, plus max_tokens; blocks shared with a cached prefix are counted once, by
-        // the call that brought them. The whole call must still fit the ceiling less the guard band.
-        const reserve = uncached + maxTokens;
-        reservation = replica.budget.reserveOrRefuse(reserve, {
-          queued: true,
-          lane,
-          callTokens: tokens.length + maxTokens,
-          retryAfterSeconds: budgetRetryAfter(replica, reserve),
-        });
-      }
-      if (this.features.feasibility) {
-        const laneConfig = this.config.lanes[lane];
-        const refusal = checkDeadline({
-          predictedTtftMs: predictTtftMs({
-            prefillTokensAhead: replica.queuedPrefillTokens + replica.inflightPrefillTokens,
-            ownPrefillTokens: uncached,
-            prefillTokensPerSecond: replica.prefillRate.rate(),
-          }),
-          deadlineMs: req.deadlineMs,
-          laneDeadlineMs: laneConfig.deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
-          lane,
-          retryAfterSeconds: replica.drainSeconds(replica.running),
-        });
-        if (refusal) throw refusal;
-      }
-      if (replica.gate) {
-        replica.queuedPrefillTokens += uncached;
-        try {
-          const rank = replica.chooseRank();
-          permit = await replica.gate.acquire({
-            ...(rank !== undefined ? { rank } : {}),
-            ...(this.features.lanes ? { lane } : {}),
-            ...(req.signal ? { signal: req.signal } : {}),
-            prefillTokens: Math.max(1, uncached),
-          });
-        } catch (error) {
-          if (error instanceof GateRejection && error.scope === "worker") {
-            replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
-          }
-          throw error;
-        } finally {
-          replica.queuedPrefillTokens -= uncached;
-        }
-      }
-      reservation?.activate();
-      const admittedAt = this.clock.now();
-      const queueMs = admittedAt - startedAt;
-      // The overload signal is time queued at the gate; a session waiting for its window is the window working.
-      if (lane === "interactive") this.overload?.recordQueueAge(permit?.queueMs ?? 0);
-      this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
-      replica.inflightPrefillTokens += uncached;
-      inflightPrefill = uncached;
-      const abort = new AbortController();
-      const unlinkSignal = followAbort(req.signal, abort);
-      const signal = abort.signal;
-      let stream: EngineStream;
-      try {
-        stream = await replica.engine.generate({
-          requestId: req.requestId,
-          model: call.model,
-          promptTokens: tokens,
-          maxTokens,
-          ...(permit?.rank !== undefined ? { rank: permit.rank } : {}),
-          endpoint: req.endpoint,
-          ...(req.body ? { body: req.body } : {}),
-          stream: req.stream,
-          signal,
-        });
-      } catch (error) {
-        unlinkSignal();
-        if (error instanceof Refusal && error.reason === "worker_overloaded") {
-          // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
-          replica.busyUntil = this.clock.now() + this.config.routing.busyMarkMs;
-        }
-        if (error instanceof EngineError) {
-          // Unreachable: no call goes there again until it answers a scrape (its sessions move).
-          replica.markUnreachable(this.clock.now());
-          throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
-            retryAfterSeconds: 1,
-            scope: "worker",
-            cause: error,
-          });
-        }
-        throw error;
-      }
-      replica.running++;
-      const holdings = this.holdings({
-        replica,
-        lane,
-        session,
-        tokens,
-        hashes,
-        permit,
-        reservation,
-        uncached,
-        admittedAt,
-        unlinkSignal,
-      });
-      // From here the admitted call owns every hold.
-      permit = null;
-      reservation = null;
-      inflightPrefill = 0;
-      stepHeld = false;
-      return new AdmittedCallImpl({
-        requestId: req.requestId,
-        lane,
-        replica: replica.id,
-        queueMs,
-        inputTokens: tokens.length,
-        maxTokens,
-        sessionId: session?.id,
-        stream,
-        abort,
-        holdings,
-      });
+      const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
+      holds.reservation = this.reserveBudget(replica, call, uncached);
+      this.checkFeasibility(req, replica, call.lane, uncached);
+      holds.permit = await this.passGate(req, replica, call.lane, uncached);
+      return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
     } catch (error) {
-      released();
+      holds.permit?.release();
+      holds.reservation?.release();
+      holds.replica?.endPrefill(holds.inflight);
+      if (holds.step && call.session) this.admission.endStep(call.session, { completed: false });
       throw error;
     }
+  }
+
+  /** Steps 4 and 5: a session step waits for its window and is routed to its pin (or moved); other calls are placed. */
+  private async admitAndRoute(
+    req: CallRequest,
+    call: CallPlan,
+    hashes: string[],
+    holds: PendingHolds,
+  ): Promise<PlacementDecision> {
+    const { session, tokens } = call;
+    const eligible = this.eligible(call.model);
+    if (eligible.length === 0) {
+      throw new Refusal("unavailable", "no healthy replica serves this model", {
+        retryAfterSeconds: 1,
+        scope: "fleet",
+      });
+    }
+    const demand = {
+      promptTokens: tokens.length,
+      maxTokens: call.maxTokens,
+      expectedIdleMs: req.expectedIdleMs,
+    };
+    if (!session || this.features.window === null) {
+      const placed = this.route(tokens, hashes, eligible);
+      if (!placed)
+        throw new Refusal("unavailable", "no replica can take the call", {
+          retryAfterSeconds: 1,
+          scope: "fleet",
+        });
+      if (session) {
+        await this.admission.acquireStep(session, () => placed.replica, req.signal, demand);
+        holds.step = true;
+        this.admission.rebind(session, placed.replica);
+      }
+      return placed;
+    }
+    if (
+      session.state === "waiting" &&
+      eligible.every((candidate) => !this.admission.isAccepting(candidate.id))
+    ) {
+      // Fail closed: no replica has fresh signals (or a shared-window grant) to admit a new session on.
+      throw new Refusal(
+        "unavailable",
+        "no replica can take new sessions now (signals stale or unavailable)",
+        {
+          retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
+          scope: "fleet",
+        },
+      );
+    }
+    const hint = this.pinHints.get(session.id);
+    const choose = (candidates: readonly string[]) =>
+      hint !== undefined && candidates.includes(hint)
+        ? hint
+        : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica;
+    let pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
+    holds.step = true;
+    const alive = (id: string) => eligible.some((candidate) => candidate.id === id);
+    if (!alive(pinned) && !eligible.some((candidate) => this.admission.hasRoom(candidate.id, session))) {
+      // Its replica is down and no survivor has room now: leave the dead replica's window and
+      // wait for room elsewhere, ahead of new sessions, rather than be sent where no one answers.
+      this.admission.endStep(session, { completed: false });
+      holds.step = false;
+      this.admission.evacuate(session);
+      pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
+      holds.step = true;
+      if (!alive(pinned)) {
+        throw new Refusal("unavailable", `replica ${pinned} is unavailable and no other has room`, {
+          retryAfterSeconds: Math.ceil(this.config.sessions.controlIntervalMs / 1000),
+          scope: "fleet",
+        });
+      }
+    }
+    this.pinHints.delete(session.id);
+    const movable = eligible.filter(
+      (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
+    );
+    let decision: PlacementDecision = this.place(tokens, hashes, pinned, movable) ?? {
+      replica: pinned,
+      reason: "pinned",
+      predictedHitTokens: 0,
+      predictedTtftMs: 0,
+    };
+    if (session.movedFrom !== null) {
+      // Resumed on another replica because its own had no room for it: an affinity break.
+      if (decision.replica !== session.movedFrom) decision = { ...decision, reason: "affinity_break" };
+      session.movedFrom = null;
+    }
+    if (session.steps === 0 && decision.reason === "pinned") {
+      decision = { ...decision, reason: decision.predictedHitTokens > 0 ? "prefix" : "load" };
+    }
+    if (decision.replica !== pinned) this.admission.rebind(session, decision.replica);
+    return decision;
+  }
+
+  /**
+   * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV — its
+   * uncached prompt tokens as the router predicts them, plus max_tokens;
+   * blocks shared with a cached prefix are counted once, by the call that
+   * brought them. The whole call must still fit the ceiling less the guard band.
+   */
+  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, uncached: number): Reservation | null {
+    if (!replica.budget) return null;
+    const reserve = uncached + call.maxTokens;
+    return replica.budget.reserveOrRefuse(reserve, {
+      queued: true,
+      lane: call.lane,
+      callTokens: call.tokens.length + call.maxTokens,
+      retryAfterSeconds: budgetRetryAfter(replica, reserve),
+    });
+  }
+
+  /** Step 6b: a call whose predicted time to first token misses its own or its lane's deadline is refused now. */
+  private checkFeasibility(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): void {
+    if (!this.features.feasibility) return;
+    const refusal = checkDeadline({
+      // The model placement scored this replica by, so a call is never placed by one prediction and refused by another.
+      predictedTtftMs: predictTtftMs({
+        uncachedPrefillTokens: uncached,
+        queuedPrefillTokens: replica.queuedPrefillTokens,
+        inflightPrefillTokens: replica.inflightPrefillTokens,
+        prefillTokensPerSecond: replica.prefillRate.rate(),
+        kvUsage: replica.signals.kvUsage,
+      }),
+      deadlineMs: req.deadlineMs,
+      laneDeadlineMs: this.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
+      lane,
+      retryAfterSeconds: replica.drainSeconds(replica.running),
+    });
+    if (refusal) throw refusal;
+  }
+
+  /** Step 7: the per-rank gate; a worker-wide rejection marks the replica busy. */
+  private async passGate(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    uncached: number,
+  ): Promise<Permit | null> {
+    if (!replica.gate) return null;
+    replica.queuePrefill(uncached);
+    try {
+      const rank = replica.chooseRank();
+      return await replica.gate.acquire({
+        ...(rank !== undefined ? { rank } : {}),
+        ...(this.features.lanes ? { lane } : {}),
+        ...(req.signal ? { signal: req.signal } : {}),
+        prefillTokens: Math.max(1, uncached),
+      });
+    } catch (error) {
+      if (error instanceof GateRejection && error.scope === "worker") {
+        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
+      }
+      throw error;
+    } finally {
+      replica.dequeuePrefill(uncached);
+    }
+  }
+
+  /** Step 8: the call goes to the engine; from its first chunk the admitted call owns every hold. */
+  private async forward(
+    req: CallRequest,
+    call: CallPlan,
+    at: {
+      replica: ReplicaRuntime;
+      hashes: string[];
+      uncached: number;
+      startedAt: number;
+      holds: PendingHolds;
+    },
+  ): Promise<AdmittedCall> {
+    const { replica, uncached, holds } = at;
+    const { lane, tokens, maxTokens, session } = call;
+    holds.reservation?.activate();
+    const admittedAt = this.clock.now();
+    const queueMs = admittedAt - at.startedAt;
+    // The overload signal is time queued at the gate; a session waiting for its window is the window working.
+    if (lane === "interactive") this.overload?.recordQueueAge(holds.permit?.queueMs ?? 0);
+    this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
+    replica.startPrefill(uncached);
+    holds.inflight = uncached;
+    const abort = new AbortController();
+    const unlinkSignal = followAbort(req.signal, abort);
+    let stream: EngineStream;
+    try {
+      stream = await replica.engine.generate({
+        requestId: req.requestId,
+        model: call.model,
+        promptTokens: tokens,
+        maxTokens,
+        ...(holds.permit?.rank !== undefined ? { rank: holds.permit.rank } : {}),
+        endpoint: req.endpoint,
+        ...(req.body ? { body: req.body } : {}),
+        stream: req.stream,
+        signal: abort.signal,
+      });
+    } catch (error) {
+      unlinkSignal();
+      if (error instanceof Refusal && error.reason === "worker_overloaded") {
+        // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
+        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
+      }
+      if (error instanceof EngineError) {
+        // Unreachable: no call goes there again until it answers a scrape (its sessions move).
+        replica.markUnreachable(this.clock.now());
+        throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
+          retryAfterSeconds: 1,
+          scope: "worker",
+          cause: error,
+        });
+      }
+      throw error;
+    }
+    replica.callStarted();
+    const holdings = this.holdings({
+      replica,
+      lane,
+      session,
+      tokens,
+      hashes: at.hashes,
+      permit: holds.permit,
+      reservation: holds.reservation,
+      uncached,
+      admittedAt,
+      unlinkSignal,
+    });
+    // From here the admitted call owns every hold.
+    holds.permit = null;
+    holds.reservation = null;
+    holds.inflight = 0;
+    holds.step = false;
+    return new AdmittedCallImpl({
+      requestId: req.requestId,
+      lane,
+      replica: replica.id,
+      queueMs,
+      inputTokens: tokens.length,
+      maxTokens,
+      sessionId: session?.id,
+      stream,
+      abort,
+      holdings,
+    });
   }
 
   private holdings(held: {
@@ -632,7 +715,7 @@ export class Scheduler {
         if (firstTokenAt !== undefined) return;
         firstTokenAt = this.clock.now();
         permit?.firstToken();
-        replica.inflightPrefillTokens -= inflight;
+        replica.endPrefill(inflight);
         inflight = 0;
         const ttftMs = firstTokenAt - held.admittedAt;
         if (held.uncached > 0 && ttftMs > 0) replica.prefillRate.observe(held.uncached, ttftMs);
@@ -643,16 +726,16 @@ export class Scheduler {
         held.unlinkSignal();
         permit?.release();
         reservation?.release();
-        replica.inflightPrefillTokens -= inflight;
+        replica.endPrefill(inflight);
         inflight = 0;
-        replica.running--;
-        if (outcome === "ok") replica.recordCompletion();
+        replica.callEnded();
+        replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;
           const promptBlocks = Math.floor(held.tokens.length / blockSize);
           const tail = held.tokens.slice(promptBlocks * blockSize).concat(outputTokens);
-          replica.index.record(extendBlockHashes(held.hashes, tail, blockSize));
+          replica.index.record(replica.id, extendBlockHashes(held.hashes, tail, blockSize));
         }
         if (session) {
           this.admission.endStep(session, {
@@ -697,25 +780,30 @@ export class Scheduler {
     candidates: readonly ReplicaRuntime[],
   ): PlacementDecision | undefined {
     const now = this.clock.now();
-    return choosePlacement({
+    const candidate = (replica: ReplicaRuntime) => ({
+      id: replica.id,
+      queuedPrefillTokens: replica.queuedPrefillTokens,
+      inflightPrefillTokens: replica.inflightPrefillTokens,
+      prefillTokensPerSecond: replica.prefillRate.rate(),
+      kvUsage: replica.signals.kvUsage,
+      busy: replica.busy(now),
+      eligible: replica.healthy(),
+    });
+    const input = {
       promptTokens: tokens.length,
       hashes,
       ...(pinned !== undefined ? { pinned } : {}),
-      candidates: candidates.map((replica) => ({
-        id: replica.id,
-        index: replica.index,
-        queuedPrefillTokens: replica.queuedPrefillTokens,
-        inflightPrefillTokens: replica.inflightPrefillTokens,
-        prefillTokensPerSecond: replica.prefillRate.rate(),
-        kvUsage: replica.signals.kvUsage,
-        busy: replica.busy(now),
-        eligible: replica.healthy(),
-      })),
+      candidates: [] as PlacementCandidate[],
+      fleetIndex: this.prefixIndex,
       blockSize: this.config.blockSize,
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
       usePrefix: this.features.placement === "prefix",
-    });
+    };
+    // A pin that holds on its own needs neither the other replicas' snapshots nor their scores.
+    const home = pinned === undefined ? undefined : candidates.find((replica) => replica.id === pinned);
+    const kept = home && keepPin({ ...input, candidates: [candidate(home)] });
+    return kept ?? choosePlacement({ ...input, candidates: candidates.map(candidate) });
   }
 
   private replicasOf(ids: readonly string[], eligible: readonly ReplicaRuntime[]): ReplicaRuntime[] {
@@ -818,8 +906,9 @@ export class Scheduler {
       const healthy = replica.healthy();
       const accepting = healthy && (!stale || this.config.sessions.staleSignals === "open");
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
-      const fresh = !stale && healthy;
-      const law = this.windowLaw(replica, signals.kvUsage, hitRate, fresh);
+      // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
+      const fresh = !stale && healthy && !signals.unknown?.includes("kvUsage");
+      const law = controlWindow(replica, { kvUsage: signals.kvUsage, hitRate, fresh }, this.windowContext);
       if (!law) {
         this.admission.setWindow(replica.id, null, healthy);
       } else if (this.windowAuthority) {
@@ -838,84 +927,6 @@ export class Scheduler {
     }
     this.admission.sweep();
     this.cancelTick = this.clock.setTimeout(() => this.controlTick(), this.config.sessions.controlIntervalMs);
-  }
-
-  /**
-   * Applies one step of the replica's window law to this tick's signals and
-   * says why W moved. Returns the proposed size and the same step as a
-   * function of another size (for a window shared by several frontends), or
-   * null when the policy has no window.
-   */
-  private windowLaw(
-    replica: ReplicaRuntime,
-    kvUsage: number,
-    hitRate: number,
-    fresh: boolean,
-  ): { proposed: number; step: (current: number) => number } | null {
-    const o = this.config.window;
-    const thrash = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)} < ${o.hitLow}`;
-    if (replica.window) {
-      const window = replica.window;
-      const signal = { kvUsage, hitRate };
-      // An interval without prefix lookups measured no hit rate: the window may still grow on low
-      // KV usage, but it does not shrink on a rate carried over from an interval it already acted on
-      // (that halved it twice for one thrash episode).
-      const applies = fresh && (replica.hitRate.measured || kvUsage <= o.kvHigh);
-      const before = window.size;
-      if (applies) window.observe(signal);
-      if (window.size !== before) {
-        const cause =
-          window.size < before ? `thrash: ${thrash}` : `KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
-        this.emitWindow(replica, "sessions", before, window.size, cause);
-      }
-      return {
-        proposed: window.size,
-        step: (current) =>
-          applies
-            ? new AimdWindow({ ...o, initial: clampWindow(current, this.config) }).observe(signal)
-            : current,
-      };
-    }
-    const window = replica.tokenWindow;
-    if (!window) return null;
-    // SPEC 6: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
-    window.setFloor(Math.max(o.minTokens ?? 0, this.admission.largestFootprint(replica.id)));
-    const signal = {
-      kvUsage,
-      hitRate: replica.hitRate.measured ? hitRate : undefined,
-      waiting: this.admission.waitingFor(replica.id),
-    };
-    const before = window.size;
-    if (fresh) window.observe(signal);
-    if (window.size !== before) {
-      const cause =
-        window.size < before
-          ? `thrash: ${thrash}`
-          : `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
-      this.emitWindow(replica, "tokens", before, window.size, cause);
-    }
-    return {
-      proposed: window.size,
-      step: (current) =>
-        fresh ? window.stepFrom({ size: current, slowStart: window.inSlowStart }, signal).size : current,
-    };
-  }
-
-  private emitWindow(
-    replica: ReplicaRuntime,
-    unit: "tokens" | "sessions",
-    from: number,
-    to: number,
-    cause: string,
-  ): void {
-    this.emit("window", {
-      replica: replica.id,
-      unit,
-      from,
-      to,
-      action: to > from ? "increase" : "decrease",
-      cause,
-    });
   }
 
   private cancelOverload: Cancel | undefined;
@@ -1000,6 +1011,16 @@ export class Scheduler {
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
       inflightPrefillTokens: replica.inflightPrefillTokens,
+      ...(signals.hostKvCapacityTokens === undefined
+        ? {}
+        : {
+            hostTier: {
+              capacityTokens: signals.hostKvCapacityTokens,
+              ...(signals.hostKvUsage === undefined ? {} : { usage: signals.hostKvUsage }),
+              hitTokens: signals.hostPrefixHitTokens ?? 0,
+              queryTokens: signals.hostPrefixQueryTokens ?? 0,
+            },
+          }),
       ...(signals.profile === undefined
         ? {}
         : {
@@ -1050,24 +1071,12 @@ function budgetRetryAfter(replica: ReplicaRuntime, needed: number): number {
   return replica.drainSeconds(callsToFinish - 1);
 }
 
-function clampWindow(size: number, config: SchedulerConfig): number {
-  return Math.min(config.window.max, Math.max(config.window.min, Math.round(size)));
-}
-
 function load(replica: ReplicaRuntime): number {
   const snapshot = replica.gate?.snapshot();
   return snapshot ? snapshot.requests + snapshot.queued : replica.running;
 }
 
-/** Session ids are opaque but bounded: printable ASCII, 1–256 characters. */
+/** Session ids are opaque but bounded: printable ASCII, 1–256 characters (`src/sessions/session-id.ts`). */
 export function validateSessionId(id: string): void {
-  if (typeof id !== "string" || id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
-    throw new Refusal(
-      "invalid_request",
-      "a session id must be 1–256 printable ASCII characters without spaces",
-      {
-        param: "session_id",
-      },
-    );
-  }
+  checkSessionId(id);
 }

@@ -166,6 +166,15 @@ export interface ReplicaState {
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
   /** What the replica's adapter knows about the engine behind it, when it reads another system's metrics. */
+  /** The engine's second KV tier in host memory, when it has one (SPEC 13's simulated replica, vLLM offloading, LMCache, SGLang HiCache). */
+  hostTier?: {
+    /** Tokens; 0 when the engine states a tier but not its size in tokens. */
+    capacityTokens: number;
+    usage?: number;
+    /** Prompt tokens loaded from the host tier instead of recomputed, and looked up there (cumulative). */
+    hitTokens: number;
+    queryTokens: number;
+  };
   engine?: {
     /** Recognised engine profile (`vllm-v1`, `sglang`, …). */
     profile: string;
@@ -221,4 +230,8 @@ export interface SchedulerEvents {
     action: "increase" | "decrease";
     cause: string;
   }): void;
+  /** The overload stage changed (SPEC 5), and why. Optional: without it, observers see the change in `state()`. */
+  stage?(e: { from: OverloadStage; to: OverloadStage; cause: string }): void;
+  /** A replica became healthy or unhealthy, and why. Optional: without it, observers see the change in `state()`. */
+  health?(e: { replica: string; healthy: boolean; cause: string }): void;
 }

@@ -1,130 +1,180 @@
 /** @module `sluice bench`: side-by-side policy comparison on simulated replicas in virtual time (SPEC 10, 13). */
 
-import { parseArgs } from "node:util";
+import { z } from "zod";
 import { renderTable } from "../../bench/report.js";
 import type { BenchPolicy } from "../../bench/run.js";
 import { BENCH_POLICIES } from "../../bench/run.js";
 import { runWorkloadBench, writeOutputs } from "../../bench/suite.js";
 import { NAMED_WORKLOADS } from "../../bench/workloads/index.js";
 import { WorkloadError } from "../../bench/workloads/schema.js";
-import { isPresetName, PRESETS } from "../engines/sim/presets.js";
+import { ConfigError } from "../../src/config/config-error.js";
+import { defineSetting, type Setting } from "../../src/config/settings.js";
+import { PRESETS, type PresetName } from "../engines/sim/presets.js";
+import { type CommandIo, type CommandSpec, runCommand } from "./command-line.js";
 
-const HELP = `usage: sluice bench [flags]
+const RUN = "Run";
+const OUTPUT = "Output";
+const presetNames = Object.keys(PRESETS) as [PresetName, ...PresetName[]];
 
-Runs one workload under each policy on fresh simulated replicas in virtual time,
-with the same seed, and prints a table (progress goes to stderr).
+/** Every flag of `sluice bench` (flags only); workloads and policies are read from bench/. */
+export const BENCH_SETTINGS: readonly Setting[] = [
+  defineSetting({
+    flag: "workload",
+    path: "workload",
+    topic: RUN,
+    schema: z.string().default("agents"),
+    env: null,
+    placeholder: "<name|file>",
+    expects: "a workload name or a workload JSON file",
+    help: `built-in: ${Object.keys(NAMED_WORKLOADS).join(", ")}; or a workload JSON file (SPEC 13.2)`,
+  }),
+  defineSetting({
+    flag: "sim-host-kv-tokens",
+    path: "hostKvTokens",
+    topic: RUN,
+    schema: z.number().int().nonnegative(),
+    env: null,
+    defaultText: "0: none",
+    help: "host-memory KV tier per simulated rank, tokens (docs/tiers.md)",
+  }),
+  defineSetting({
+    flag: "replicas",
+    path: "replicas",
+    topic: RUN,
+    schema: z.number().int().positive(),
+    env: null,
+    defaultText: "the workload's, else 1",
+    help: "simulated replicas",
+  }),
+  defineSetting({
+    flag: "preset",
+    path: "preset",
+    topic: RUN,
+    schema: z.enum(presetNames),
+    env: null,
+    placeholder: "<preset>",
+    defaultText: "the workload's",
+    help: "simulated replica preset",
+  }),
+  defineSetting({
+    flag: "policies",
+    path: "policies",
+    topic: RUN,
+    schema: z.array(z.enum(BENCH_POLICIES as unknown as [BenchPolicy, ...BenchPolicy[]])),
+    env: null,
+    placeholder: "<list>",
+    expects: `policies from ${BENCH_POLICIES.join(", ")}`,
+    defaultText: "all",
+    help: `comma-separated, from ${BENCH_POLICIES.join(",")}`,
+  }),
+  defineSetting({
+    flag: "load",
+    path: "loads",
+    topic: RUN,
+    schema: z.array(z.number().positive()),
+    env: null,
+    placeholder: "<list>",
+    expects: "numbers > 0",
+    defaultText: "the workload's, else 1",
+    help: "offered-load multipliers, e.g. 1,1.5,2: they multiply Poisson arrival rates, the sessions of a batch workload and the replay speed of a trace",
+  }),
+  defineSetting({
+    flag: "seed",
+    path: "seed",
+    topic: RUN,
+    schema: z.number().int().nonnegative(),
+    env: null,
+    defaultText: "the workload's",
+    help: "seed of the workload",
+  }),
+  defineSetting({
+    flag: "json",
+    path: "json",
+    topic: OUTPUT,
+    schema: z.string(),
+    env: null,
+    placeholder: "<file>",
+    help: "writes SPEC 13's JSON results",
+  }),
+  defineSetting({
+    flag: "report",
+    path: "html",
+    topic: OUTPUT,
+    schema: z.string(),
+    env: null,
+    placeholder: "<file.html>",
+    help: "writes a self-contained HTML report with charts",
+  }),
+  defineSetting({
+    flag: "svg",
+    path: "svg",
+    topic: OUTPUT,
+    schema: z.string(),
+    env: null,
+    placeholder: "<file.svg>",
+    help: "writes the main chart (makespan per policy) as SVG",
+  }),
+  defineSetting({
+    flag: "quiet",
+    path: "quiet",
+    topic: OUTPUT,
+    schema: z.boolean().default(false),
+    env: null,
+    help: "no progress on stderr",
+  }),
+];
 
-flags:
-  --workload NAME|FILE   built-in: ${Object.keys(NAMED_WORKLOADS).join(", ")}; or a workload JSON file (SPEC 13.2)
-                         (default agents)
-  --replicas N           simulated replicas (default: the workload's, else 1)
-  --preset NAME          ${Object.keys(PRESETS).join(", ")} (default: the workload's)
-  --policies LIST        comma-separated, from ${BENCH_POLICIES.join(",")} (default: all)
-  --load LIST            offered-load multipliers, e.g. 1,1.5,2 (default: the workload's, else 1): they
-                         multiply Poisson arrival rates, the number of sessions of a batch agents
-                         workload, and the replay speed of a trace
-  --seed N               overrides the workload's seed
-  --json FILE            writes SPEC 13's JSON results
-  --report FILE.html     writes a self-contained HTML report with charts
-  --svg FILE.svg         writes the main chart (makespan per policy) as SVG
-  --quiet                no progress on stderr
-  -h, --help             this text
+/** `sluice bench` for help and the parser. */
+export const BENCH_COMMAND: CommandSpec = {
+  name: "bench",
+  usage: "sluice bench [flags]",
+  summary:
+    "Runs one workload under each policy on fresh simulated replicas in virtual time, with the same\n" +
+    "seed, and prints a table (progress goes to stderr).",
+  settings: BENCH_SETTINGS,
+  footer: "exit status: 0 ok, 1 a run did not finish or leaked scheduler state, 2 bad flags or workload",
+};
 
-exit status: 0 ok, 1 a run did not finish or leaked scheduler state, 2 bad flags or workload`;
-
-class UsageError extends Error {}
-
-function parseList<T>(flag: string, text: string, parse: (item: string) => T): T[] {
-  const items = text
-    .split(",")
-    .map((s) => s.trim())
-    .filter((s) => s.length > 0);
-  if (items.length === 0) throw new UsageError(`--${flag} needs at least one value, got "${text}"`);
-  return items.map(parse);
-}
-
-function positiveNumber(flag: string, text: string): number {
-  const value = Number(text);
-  if (text.trim() === "" || !Number.isFinite(value) || value <= 0) {
-    throw new UsageError(`--${flag} takes numbers > 0, got "${text}"`);
-  }
-  return value;
-}
-
-function integer(flag: string, text: string, min: number): number {
-  const value = Number(text);
-  if (text.trim() === "" || !Number.isInteger(value) || value < min) {
-    throw new UsageError(`--${flag} takes an integer ≥ ${min}, got "${text}"`);
-  }
-  return value;
+interface BenchFlags {
+  workload?: string;
+  replicas?: number;
+  preset?: PresetName;
+  hostKvTokens?: number;
+  policies?: BenchPolicy[];
+  loads?: number[];
+  seed?: number;
+  json?: string;
+  html?: string;
+  svg?: string;
+  quiet?: boolean;
 }
 
 /** `sluice bench [flags]`; returns the exit status. */
-export async function run(argv: string[]): Promise<number> {
-  let values: Record<string, string | boolean | undefined>;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      strict: true,
-      allowPositionals: false,
-      options: {
-        workload: { type: "string" },
-        replicas: { type: "string" },
-        preset: { type: "string" },
-        policies: { type: "string" },
-        load: { type: "string" },
-        seed: { type: "string" },
-        json: { type: "string" },
-        report: { type: "string" },
-        svg: { type: "string" },
-        quiet: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    }));
-  } catch (error) {
-    process.stderr.write(`sluice bench: ${(error as Error).message}\n\n${HELP}\n`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(`${HELP}\n`);
-    return 0;
-  }
-  const str = (name: string) => values[name] as string | undefined;
-  let options: Parameters<typeof runWorkloadBench>[0];
-  try {
-    const preset = str("preset");
-    if (preset !== undefined && !isPresetName(preset)) {
-      throw new UsageError(`--preset must be one of ${Object.keys(PRESETS).join(", ")}, got "${preset}"`);
-    }
-    const policies = str("policies");
-    const load = str("load");
-    const replicas = str("replicas");
-    const seed = str("seed");
-    options = {
-      workload: str("workload") ?? "agents",
-      ...(replicas !== undefined ? { replicas: integer("replicas", replicas, 1) } : {}),
-      ...(preset !== undefined ? { preset } : {}),
-      ...(policies !== undefined
-        ? {
-            policies: parseList("policies", policies, (p): BenchPolicy => {
-              if (!(BENCH_POLICIES as readonly string[]).includes(p)) {
-                throw new UsageError(`--policies takes ${BENCH_POLICIES.join(", ")}, got "${p}"`);
-              }
-              return p as BenchPolicy;
-            }),
-          }
+export function run(argv: string[], io: CommandIo = {}): Promise<number> {
+  return runCommand(BENCH_COMMAND, argv, (line) => bench(argv, line.values as BenchFlags), io);
+}
+
+async function bench(argv: string[], flags: BenchFlags): Promise<number> {
+  if (flags.policies?.length === 0) throw new ConfigError("--policies needs at least one policy");
+  if (flags.loads?.length === 0) throw new ConfigError("--load needs at least one multiplier");
+  const options: Parameters<typeof runWorkloadBench>[0] = {
+    workload: flags.workload ?? "agents",
+    ...(flags.replicas !== undefined ? { replicas: flags.replicas } : {}),
+    ...(flags.hostKvTokens
+      ? {
+          preset: {
+            ...(flags.preset !== undefined ? { base: flags.preset } : {}),
+            hostKvTokens: flags.hostKvTokens,
+          },
+        }
+      : flags.preset !== undefined
+        ? { preset: flags.preset }
         : {}),
-      ...(load !== undefined ? { loads: parseList("load", load, (l) => positiveNumber("load", l)) } : {}),
-      ...(seed !== undefined ? { seed: integer("seed", seed, 0) } : {}),
-      ...(values.quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
-    };
-  } catch (error) {
-    if (error instanceof UsageError) {
-      process.stderr.write(`sluice bench: ${error.message}\n`);
-      return 2;
-    }
-    throw error;
-  }
+    ...(flags.policies !== undefined ? { policies: flags.policies } : {}),
+    ...(flags.loads !== undefined ? { loads: flags.loads } : {}),
+    ...(flags.seed !== undefined ? { seed: flags.seed } : {}),
+    ...(flags.quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
+  };
   // Ctrl-C stops the run cleanly (engines closed) instead of killing it mid-write.
   const interrupt = new AbortController();
   const onSigint = () => interrupt.abort(new Error("interrupted"));
@@ -146,9 +196,7 @@ export async function run(argv: string[]): Promise<number> {
     process.off("SIGINT", onSigint);
   }
   process.stdout.write(`${result.describe.join("\n")}\n\n${renderTable(result.report.output.results)}\n`);
-  const json = str("json");
-  const html = str("report");
-  const svg = str("svg");
+  const { json, html, svg } = flags;
   writeOutputs(result, {
     ...(json ? { json } : {}),
     ...(html ? { html } : {}),

@@ -8,20 +8,27 @@
  */
 
 import type { AddressInfo } from "node:net";
-import { parseArgs } from "node:util";
 import { serve as serveHono } from "@hono/node-server";
 import { Hono } from "hono";
 import { Registry } from "prom-client";
+import { z } from "zod";
 import { realClock } from "../../src/clock.js";
 import { ConfigError } from "../../src/config/config-error.js";
-import { resolveGateLimitsWithSources } from "../../src/config/gate-limits.js";
 import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import {
+  checkSchedulerSettings,
+  DEFAULT_MAX_TOKENS_SETTING,
+  GATE_LIMIT_SETTINGS,
+  OVERLOAD_STATUS_SETTING,
+} from "../../src/config/scheduler-settings.js";
+import { defineSetting, type Setting } from "../../src/config/settings.js";
 import { Scheduler } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
 import { createApp } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { createMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
+import { type CommandSpec, httpUrl, parseCommandLine } from "./command-line.js";
 import { runServerCommand } from "./server-command.js";
 
 /** Options of {@link startGateServer}. */
@@ -53,6 +60,9 @@ export interface GateServer {
   close(): Promise<void>;
 }
 
+/** Defaults of the sidecar's own settings. */
+const GATE_DEFAULTS = { port: 8081, host: "0.0.0.0", drainTimeoutMs: 30_000 };
+
 const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*/;
 const FAMILY_SUFFIX = /_(bucket|sum|count|total|created|info)$/;
 
@@ -83,11 +93,11 @@ export function mergeExpositions(own: string, upstream: string): string {
 /** Starts the sidecar: one upstream engine, a `gate`-policy scheduler, the OpenAI API and merged `/metrics`. */
 export async function startGateServer(options: GateServerOptions): Promise<GateServer> {
   const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
-  const port = options.port ?? 8081;
+  const port = options.port ?? GATE_DEFAULTS.port;
   if (!(Number.isInteger(port) && port >= 0 && port <= 65535))
     throw new RangeError(`port must be 0–65535, got ${port}`);
-  const host = options.host ?? "0.0.0.0";
-  const drainTimeoutMs = options.drainTimeoutMs ?? 30_000;
+  const host = options.host ?? GATE_DEFAULTS.host;
+  const drainTimeoutMs = options.drainTimeoutMs ?? GATE_DEFAULTS.drainTimeoutMs;
   const engine = new OpenAIUpstreamEngine({
     baseUrl: options.upstream,
     ...(options.id ? { id: options.id } : {}),
@@ -170,43 +180,79 @@ export async function startGateServer(options: GateServerOptions): Promise<GateS
   };
 }
 
-const HELP = `usage: sluice gate --upstream URL [flags]
+const SIDECAR = "Sidecar";
 
-Runs the per-rank gate as a sidecar in front of one engine: the OpenAI API,
-/metrics (the gate's and the engine's), /healthz, /readyz, /v1/admin/state.
+/** Every setting of `sluice gate`; help, variables and docs come from this list. */
+export const GATE_SETTINGS: readonly Setting[] = [
+  defineSetting({
+    flag: "upstream",
+    path: "upstream",
+    topic: SIDECAR,
+    schema: httpUrl,
+    placeholder: "<url>",
+    expects: "an http(s) URL",
+    help: "the engine's base URL (required)",
+  }),
+  defineSetting({
+    flag: "port",
+    path: "port",
+    topic: SIDECAR,
+    schema: z.number().int().min(0).max(65535).default(GATE_DEFAULTS.port),
+    help: "TCP port; 0 picks a free one",
+  }),
+  defineSetting({
+    flag: "host",
+    path: "host",
+    topic: SIDECAR,
+    schema: z.string().default(GATE_DEFAULTS.host),
+    placeholder: "<address>",
+    expects: "an interface address",
+    help: "interface to listen on",
+  }),
+  defineSetting({
+    flag: "id",
+    path: "id",
+    topic: SIDECAR,
+    schema: z.string(),
+    env: null,
+    placeholder: "<name>",
+    defaultText: "the upstream's host:port",
+    help: "replica id in metrics",
+  }),
+  defineSetting({
+    flag: "tokenizer",
+    path: "tokenizer",
+    topic: SIDECAR,
+    schema: z.string().default("o200k"),
+    placeholder: "<o200k|path>",
+    expects: "o200k or the path of a tokenizer.json",
+    help: "tokenizer for context-limit checks: o200k, or the path of a tokenizer.json",
+  }),
+  defineSetting({
+    flag: "drain-timeout-ms",
+    path: "drainTimeoutMs",
+    topic: SIDECAR,
+    schema: z.number().int().nonnegative().default(GATE_DEFAULTS.drainTimeoutMs),
+    help: "on SIGINT/SIGTERM, how long running calls may finish, ms",
+  }),
+  GATE_LIMIT_SETTINGS.engineRequestLimit,
+  GATE_LIMIT_SETTINGS.engineRequestWaitingLimit,
+  GATE_LIMIT_SETTINGS.requestQueueLimit,
+  OVERLOAD_STATUS_SETTING,
+  DEFAULT_MAX_TOKENS_SETTING,
+];
 
-  --upstream URL                      the engine's base URL (required; env SLUICE_UPSTREAM)
-  --port N                            default 8081 (env SLUICE_PORT)
-  --host ADDR                         default 0.0.0.0 (env SLUICE_HOST)
-  --id NAME                           replica id in metrics (default: the upstream's host:port)
-  --engine-request-limit N            calls per rank (default engine max_num_seqs)
-  --engine-request-waiting-limit N    calls per rank before their first token (default max_num_seqs)
-  --request-queue-limit N             queued calls per rank, 0 = no queue (default 2 × max_num_seqs)
-  --overload-status N                 HTTP status of a gate rejection (default 529)
-  --default-max-tokens N              max_tokens of a call that sets none (default 1024)
-  --tokenizer SPEC                    o200k (default) or the path of a tokenizer.json
-  --drain-timeout-ms N                on SIGINT/SIGTERM, how long running calls may finish (default 30000)
-  --help
-
-Gate limits also read SLUICE_* and Dynamo's DYN_BACKEND_ADMISSION_* variables (SPEC 9).`;
-
-function integerFlag(
-  name: string,
-  value: string | undefined,
-  min: number,
-  max = Number.MAX_SAFE_INTEGER,
-): number | undefined {
-  if (value === undefined) return undefined;
-  const text = value.trim();
-  const n = Number(text);
-  if (!/^[0-9]+$/.test(text) || !Number.isSafeInteger(n) || n < min || n > max) {
-    throw new ConfigError(`--${name} takes an integer from ${min} to ${max}, got ${JSON.stringify(value)}`, {
-      flag: `--${name}`,
-      value,
-    });
-  }
-  return n;
-}
+/** `sluice gate` for help and the parser. */
+export const GATE_COMMAND: CommandSpec = {
+  name: "gate",
+  usage: "sluice gate --upstream <url> [flags]",
+  summary:
+    "Runs the per-rank gate as a sidecar in front of one engine: the OpenAI API, /metrics (the gate's and\n" +
+    "the engine's), /healthz, /readyz, /v1/admin/state. Runs until SIGINT or SIGTERM, then drains.",
+  settings: GATE_SETTINGS,
+  footer:
+    "exit status: 0 after a signal and an orderly close, 1 could not start, 2 bad flags or configuration",
+};
 
 /** Turns `sluice gate` flags into `startGateServer` options; throws `ConfigError` naming the flag and value. */
 export function gateOptionsFromArgs(
@@ -214,99 +260,22 @@ export function gateOptionsFromArgs(
   env: Record<string, string | undefined> = process.env,
   warn: (message: string) => void = (m) => process.stderr.write(`${m}\n`),
 ): GateServerOptions {
-  let values: Record<string, string | boolean | undefined>;
-  try {
-    values = parseArgs({
-      args: argv,
-      strict: true,
-      options: {
-        upstream: { type: "string" },
-        port: { type: "string" },
-        host: { type: "string" },
-        id: { type: "string" },
-        "engine-request-limit": { type: "string" },
-        "engine-request-waiting-limit": { type: "string" },
-        "request-queue-limit": { type: "string" },
-        "overload-status": { type: "string" },
-        "default-max-tokens": { type: "string" },
-        tokenizer: { type: "string" },
-        "drain-timeout-ms": { type: "string" },
-        help: { type: "boolean" },
-      },
-    }).values;
-  } catch (err) {
-    throw new ConfigError((err as Error).message);
-  }
-  const upstream = ((values.upstream as string | undefined) ?? env.SLUICE_UPSTREAM)?.trim();
-  if (!upstream)
-    throw new ConfigError("--upstream URL is required: the engine this gate stands in front of", {
+  const line = parseCommandLine(GATE_COMMAND, argv, env, warn);
+  const options = (line.kind === "run" ? line.values : {}) as Partial<GateServerOptions>;
+  if (!options.upstream)
+    throw new ConfigError("--upstream <url> is required: the engine this gate stands in front of", {
       flag: "--upstream",
     });
-  let valid = false;
-  try {
-    const url = new URL(upstream);
-    valid = url.protocol === "http:" || url.protocol === "https:";
-  } catch {
-    valid = false;
-  }
-  if (!valid)
-    throw new ConfigError(`--upstream takes an http(s) URL, got ${JSON.stringify(upstream)}`, {
-      flag: "--upstream",
-      value: upstream,
-    });
-  const string = (name: string) => values[name] as string | undefined;
-  const gate = resolveGateLimitsWithSources({
-    flags: {
-      ...(string("engine-request-limit") !== undefined
-        ? { engineRequestLimit: string("engine-request-limit") }
-        : {}),
-      ...(string("engine-request-waiting-limit") !== undefined
-        ? { engineRequestWaitingLimit: string("engine-request-waiting-limit") }
-        : {}),
-      ...(string("request-queue-limit") !== undefined
-        ? { requestQueueLimit: string("request-queue-limit") }
-        : {}),
-    },
-    env,
-    warn,
-  });
-  // Only explicit settings are fixed; the rest follow the engine's reported capacity (SPEC 9).
-  const explicit = (key: keyof typeof gate.limits) =>
-    gate.sources[key] === "flag" || gate.sources[key] === "env" || gate.sources[key] === "alias"
-      ? { [key]: gate.limits[key] }
-      : {};
-  const overloadStatus = integerFlag("overload-status", string("overload-status"), 400, 599);
-  const defaultMaxTokens = integerFlag("default-max-tokens", string("default-max-tokens"), 1);
-  const port = integerFlag("port", string("port") ?? env.SLUICE_PORT, 0, 65535);
-  const drainTimeoutMs = integerFlag("drain-timeout-ms", string("drain-timeout-ms"), 0);
-  const host = (string("host") ?? env.SLUICE_HOST)?.trim();
-  const tokenizer = string("tokenizer")?.trim();
-  const id = string("id")?.trim();
-  return {
-    upstream,
-    config: {
-      gate: {
-        ...explicit("engineRequestLimit"),
-        ...explicit("engineRequestWaitingLimit"),
-        ...explicit("requestQueueLimit"),
-        ...(overloadStatus !== undefined ? { overloadStatus } : {}),
-      },
-      ...(defaultMaxTokens !== undefined ? { defaultMaxTokens } : {}),
-    },
-    ...(port !== undefined ? { port } : {}),
-    ...(host ? { host } : {}),
-    ...(tokenizer ? { tokenizer } : {}),
-    ...(id ? { id } : {}),
-    ...(drainTimeoutMs !== undefined ? { drainTimeoutMs } : {}),
-  };
+  const config = { gate: {}, ...options.config };
+  checkSchedulerSettings(config);
+  return { ...options, upstream: options.upstream, config };
 }
 
 /** `sluice gate`: runs until SIGINT or SIGTERM, then drains and returns 0; invalid flags return 2. */
 export function run(argv: string[]): Promise<number> {
   return runServerCommand<GateServerOptions, GateServer>(
     {
-      name: "gate",
-      help: () => HELP,
+      spec: GATE_COMMAND,
       parse: gateOptionsFromArgs,
       start: startGateServer,
       close: (server) => server.close(),

@@ -1,5 +1,7 @@
 /** @module The `sluice` command line: dispatches to one module per subcommand. */
 
+import { closest, packageVersion } from "./command-line.js";
+
 const COMMANDS: Record<
   string,
   { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }
@@ -26,19 +28,34 @@ const COMMANDS: Record<
 function usage(): string {
   const lines = ["usage: sluice <command> [flags]", "", "commands:"];
   for (const [name, { summary }] of Object.entries(COMMANDS)) lines.push(`  ${name.padEnd(8)} ${summary}`);
-  lines.push("", "Run `sluice <command> --help` for a command's flags.");
+  lines.push(
+    "",
+    "  -h, --help   this text",
+    "  --version    print the version",
+    "",
+    "Run `sluice <command> --help` for a command's flags.",
+  );
   return lines.join("\n");
 }
 
+/** `sluice <command> …`; resolves with the exit status. */
 export async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
+  if (name === "--version" || name === "-V") {
+    process.stdout.write(`sluice ${packageVersion()}\n`);
+    return 0;
+  }
+  if (name === "help" && rest[0] && COMMANDS[rest[0]]) return main([rest[0], "--help"]);
   if (!name || name === "--help" || name === "-h" || name === "help") {
-    process.stdout.write(`${usage()}\n`);
+    (name ? process.stdout : process.stderr).write(`${usage()}\n`);
     return name ? 0 : 2;
   }
   const command = COMMANDS[name];
   if (!command) {
-    process.stderr.write(`sluice: unknown command "${name}"\n${usage()}\n`);
+    const suggestion = closest(name, Object.keys(COMMANDS));
+    process.stderr.write(
+      `sluice: unknown command "${name}"${suggestion ? `; did you mean ${suggestion}?` : ""}\n\n${usage()}\n`,
+    );
     return 2;
   }
   const module = await command.load();

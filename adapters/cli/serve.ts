@@ -1,26 +1,38 @@
 /** @module `sluice serve`: the composition root — engines, scheduler, metrics, HTTP server, graceful shutdown. */
 
 import type { AddressInfo } from "node:net";
-import { parseArgs } from "node:util";
 import { serve as serveHono } from "@hono/node-server";
 import { Registry } from "prom-client";
+import { z } from "zod";
 import { realClock } from "../../src/clock.js";
 import { ConfigError } from "../../src/config/config-error.js";
-import { resolveGateLimitsWithSources } from "../../src/config/gate-limits.js";
-import { POLICIES, type Policy, type SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import { checkSchedulerSettings, SCHEDULER_SETTINGS } from "../../src/config/scheduler-settings.js";
+import { defineSetting, type Setting } from "../../src/config/settings.js";
 import type { Engine } from "../../src/engine.js";
 import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
-import { describeUpstream, resolveUpstreams, UpstreamSpecError } from "../engines/openai/upstream-spec.js";
-import { isPresetName, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
+import {
+  describeUpstream,
+  parseKvCapacitySpecs,
+  parseUpstreamSpec,
+  resolveUpstreams,
+  UpstreamSpecError,
+} from "../engines/openai/upstream-spec.js";
+import { DEFAULT_PRESET, PRESETS, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
 import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
+import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
+import { createLogger, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
+import { logStartup } from "../log/operations-log.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { createTokenizer } from "../tokenizers/index.js";
+import { type CommandSpec, parseCommandLine, renderHelp } from "./command-line.js";
+import { describeError } from "./error-cause.js";
 import { runServerCommand } from "./server-command.js";
 
 /** A running NATS front end; `adapters/nats` provides it (loaded only when `--nats` is given). */
@@ -58,6 +70,8 @@ export interface ServeOptions {
   simReplicas?: number;
   /** Preset (or overrides) of the simulated replicas. Default `h100-llama3-8b`. */
   simPreset?: PresetName | PresetOverrides;
+  /** Host-memory KV tier of each simulated rank, tokens; 0 or absent: none. */
+  simHostKvTokens?: number;
   /** Scheduler configuration (policy, windows, lanes, gate limits …). */
   config?: SchedulerConfigInput;
   /** Tokenizer spec: `o200k` (default) or the path of a `tokenizer.json`. */
@@ -76,8 +90,14 @@ export interface ServeOptions {
   nats?: string;
   /** Dashboard polling period, ms. Default 1000. */
   dashboardPollMs?: number;
-  /** Line logger (start-up, warnings, shutdown). Default stderr. */
+  /** Where log lines go (start-up, warnings, shutdown, access). Default stderr. */
   log?: (line: string) => void;
+  /** Where batches, files and idempotency records live; omitted: a temporary directory (`sluice serve`: ./.sluice-data). */
+  dataDir?: string;
+  /** The structured logger; built from `logLevel` and `log` when omitted. */
+  logger?: Logger;
+  /** Lowest level logged. Default `info`. */
+  logLevel?: LogLevel;
 }
 
 /** A running server. */
@@ -91,12 +111,14 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
+/** Defaults of the server's own settings (the scheduler's live in its schema). */
 const DEFAULTS = {
   port: 8080,
   host: "0.0.0.0",
   simReplicas: 2,
-  simPreset: "h100-llama3-8b" as PresetName,
+  simPreset: DEFAULT_PRESET,
   drainTimeoutMs: 30_000,
+  tokenizer: "o200k",
 };
 
 const stderrLog = (line: string) => process.stderr.write(`${line}\n`);
@@ -133,7 +155,13 @@ async function buildEngines(
   }
   const count = options.simReplicas ?? DEFAULTS.simReplicas;
   if (!(Number.isInteger(count) && count >= 1)) throw new RangeError(`simReplicas must be ≥ 1, got ${count}`);
-  const preset = options.simPreset ?? DEFAULTS.simPreset;
+  const chosen = options.simPreset ?? DEFAULTS.simPreset;
+  const preset: PresetName | PresetOverrides = options.simHostKvTokens
+    ? {
+        ...(typeof chosen === "string" ? { base: chosen } : chosen),
+        hostKvTokens: options.simHostKvTokens,
+      }
+    : chosen;
   const engines = Array.from(
     { length: count },
     (_, i) => new SimEngine({ id: `sim-${i}`, clock: realClock, preset }) as Engine,
@@ -195,7 +223,7 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
     throw new ConfigError("--nats: adapters/nats does not export connectNatsFrontend", { flag: "--nats" });
   }
   const frontend = await module.connectNatsFrontend({ servers: url, log }).catch((err: Error) => {
-    throw new ConfigError(`--nats: cannot connect to ${url} (${err.message})`, {
+    throw new ConfigError(`--nats: cannot connect to ${url} (${describeError(err)})`, {
       flag: "--nats",
       value: url,
     });
@@ -213,7 +241,11 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
  * metrics, the HTTP API on `host:port`, and NATS when asked for.
  */
 export async function startServer(options: ServeOptions = {}): Promise<RunningServer> {
-  const log = options.log ?? stderrLog;
+  const logger =
+    options.logger ??
+    createLogger({ level: options.logLevel ?? "info", ...(options.log ? { write: options.log } : {}) });
+  // Plain lines (warnings, shutdown) keep their form for an embedder that passed `log`; the CLI logs them structured.
+  const log = options.log ?? ((line: string) => logger.info(line));
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULTS.drainTimeoutMs;
   if (!(Number.isFinite(drainTimeoutMs) && drainTimeoutMs >= 0)) {
     throw new RangeError(`drainTimeoutMs must be ≥ 0, got ${drainTimeoutMs}`);
@@ -235,10 +267,18 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
   const tracker = new CallTracker();
+  const jobs = await Jobs.open({
+    scheduler,
+    log,
+    registry,
+    ...(options.dataDir ? { dataDir: options.dataDir } : {}),
+  });
   const app = createApp({
+    jobs,
     scheduler,
     metrics,
     tracker,
+    logger,
     bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     ...(options.streamStallTimeoutMs !== undefined
       ? { streamStallTimeoutMs: options.streamStallTimeoutMs }
@@ -251,6 +291,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       : {}),
   });
   scheduler.start();
+  await jobs.start();
 
   const fetch = natsScaleOut?.frontend.wrapFetch?.(app.fetch, scheduler) ?? app.fetch;
   const server = serveHono({ fetch, port, hostname: host });
@@ -262,6 +303,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       server.once("error", reject);
     });
   } catch (err) {
+    await jobs.close();
     await scheduler.stop();
     await natsScaleOut?.frontend.close();
     await Promise.allSettled(engines.map((engine) => engine.close?.()));
@@ -286,15 +328,34 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     } catch (err) {
       server.close();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
       throw err;
     }
   }
-  log(
-    `sluice listening on http://${host.includes(":") ? `[${host}]` : host}:${address.port} ` +
-      `(policy ${scheduler.policy}; ${description}${options.nats ? `; NATS ${options.nats}` : ""})`,
-  );
+  const state = scheduler.state();
+  logStartup(logger, {
+    url,
+    policy: scheduler.policy,
+    upstreams: description,
+    models: scheduler.models(),
+    replicas: state.replicas.map((r) => ({
+      id: r.id,
+      // What the engine's /metrics looked like (vllm, sglang); the simulator is vLLM-named.
+      engine:
+        (
+          engines.find((e) => e.id === r.id) as { flavor?: () => string | undefined } | undefined
+        )?.flavor?.() ?? (engines.find((e) => e.id === r.id) instanceof SimEngine ? "sim" : "unknown"),
+      kvCapacityTokens: r.signals.kvCapacityTokens,
+      maxNumSeqs: r.signals.maxNumSeqs,
+      dataParallelSize: r.signals.dataParallelSize,
+      gate: r.gate.limits,
+      tokenCeiling: r.budget.ceilingTokens,
+    })),
+    limits: { bodyLimitBytes: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES, drainTimeoutMs },
+    nats: options.nats,
+  });
 
   let closing: Promise<void> | undefined;
   const close = () => {
@@ -318,6 +379,8 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       await serverClosed;
       await natsDrained;
       await nats?.close();
+      // Lines in flight stop unrecorded and run again at the next start.
+      await jobs.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
     })();
@@ -328,449 +391,238 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
 
 // --- command line ------------------------------------------------------------------------------
 
-interface FlagSpec {
-  /** Environment variable read when the flag is absent. */
-  env?: string;
-  multiple?: boolean;
-  boolean?: boolean;
-  default?: string;
-  help: string;
+const SERVER = "Server";
+const ENGINES = "Engines";
+const ACCESS = "Access";
+
+/** Whether `read` accepts its text (the upstream parsers throw on bad input). */
+function parses(read: () => unknown): boolean {
+  try {
+    read();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
-/** Every flag of `sluice serve`, with its variable and default (the `--help` text is built from this). */
-export const SERVE_FLAGS: Record<string, FlagSpec> = {
-  port: { env: "SLUICE_PORT", default: "8080", help: "TCP port" },
-  host: { env: "SLUICE_HOST", default: "0.0.0.0", help: "interface to listen on (0.0.0.0: every interface)" },
-  upstream: {
-    env: "SLUICE_UPSTREAM",
-    multiple: true,
-    help: "OpenAI-compatible engine, URL or NAME=URL (NAME: the replica id, default host:port), repeatable (env: comma-separated); none: simulated replicas",
-  },
-  "kv-capacity-tokens": {
-    env: "SLUICE_KV_CAPACITY_TOKENS",
-    multiple: true,
-    help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N, repeatable; without it the token budget of such an upstream is off",
-  },
-  "sim-replicas": {
-    env: "SLUICE_SIM_REPLICAS",
-    default: "2",
-    help: "simulated replicas when there is no upstream",
-  },
-  "sim-preset": {
-    env: "SLUICE_SIM_PRESET",
-    default: "h100-llama3-8b",
-    help: "preset of the simulated replicas",
-  },
-  nats: { env: "SLUICE_NATS", help: "NATS server URL: also serve the NATS API" },
-  policy: { env: "SLUICE_POLICY", default: "sluice", help: `admission policy: ${POLICIES.join(" | ")}` },
-  "block-size": { env: "SLUICE_BLOCK_SIZE", default: "64", help: "router block size, tokens" },
-  "default-max-tokens": {
-    env: "SLUICE_DEFAULT_MAX_TOKENS",
-    default: "1024",
-    help: "max_tokens of a call that sets none",
-  },
-  "context-window": {
-    env: "SLUICE_CONTEXT_WINDOW",
-    help: "context window override, tokens (default: what the engine reports)",
-  },
-  "engine-request-limit": {
-    env: "SLUICE_ENGINE_REQUEST_LIMIT",
-    help: "gate: calls per rank (alias env DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT; default engine max_num_seqs)",
-  },
-  "engine-request-waiting-limit": {
-    env: "SLUICE_ENGINE_REQUEST_WAITING_LIMIT",
-    help: "gate: calls per rank before their first token (alias env DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT; default max_num_seqs)",
-  },
-  "request-queue-limit": {
-    env: "SLUICE_REQUEST_QUEUE_LIMIT",
-    help: "gate: queued calls per rank, 0 = no queue (alias env DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT; default 2 × max_num_seqs)",
-  },
-  "overload-status": {
-    env: "SLUICE_OVERLOAD_STATUS",
-    default: "529",
-    help: "HTTP status of a gate rejection",
-  },
-  "bulk-max-total-tokens": {
-    env: "SLUICE_BULK_MAX_TOTAL_TOKENS",
-    help: "largest input + max_tokens of a call, beyond: 413 overflow (default: the context window)",
-  },
-  "affinity-break-kv": {
-    env: "SLUICE_AFFINITY_BREAK_KV",
-    default: "0.85",
-    help: "KV usage (0-1) at which a pinned replica loses its session",
-  },
-  "affinity-break-ms": {
-    env: "SLUICE_AFFINITY_BREAK_MS",
-    default: "5000",
-    help: "predicted TTFT margin over the best alternative that breaks a pin, ms",
-  },
-  "stale-signals": {
-    env: "SLUICE_STALE_SIGNALS",
-    default: "closed",
-    help: "closed: stale signals refuse new sessions; open: admit anyway",
-  },
-  "control-interval-ms": {
-    env: "SLUICE_CONTROL_INTERVAL_MS",
-    default: "2000",
-    help: "window control interval, ms",
-  },
-  "window-initial": {
-    env: "SLUICE_WINDOW_INITIAL",
-    default: "8",
-    help: "session window before the first control step",
-  },
-  "window-min": { env: "SLUICE_WINDOW_MIN", default: "1", help: "smallest session window (W_min)" },
-  "window-max": { env: "SLUICE_WINDOW_MAX", default: "1024", help: "largest session window (W_max)" },
-  "window-increase": {
-    env: "SLUICE_WINDOW_INCREASE",
-    default: "2",
-    help: "sessions added per control step while KV usage is low (α)",
-  },
-  "window-decrease": {
-    env: "SLUICE_WINDOW_DECREASE",
-    default: "0.5",
-    help: "factor the window is cut by on thrash (β, between 0 and 1)",
-  },
-  "window-kv-low": {
-    env: "SLUICE_WINDOW_KV_LOW",
-    default: "0.2",
-    help: "KV usage (0-1) below which the window grows (U_low)",
-  },
-  "window-kv-high": {
-    env: "SLUICE_WINDOW_KV_HIGH",
-    default: "0.5",
-    help: "KV usage (0-1) above which a low hit rate shrinks the window (U_high)",
-  },
-  "window-hit-low": {
-    env: "SLUICE_WINDOW_HIT_LOW",
-    default: "0.2",
-    help: "prefix-cache hit rate (0-1) under which high KV usage shrinks the window (H_low)",
-  },
-  "idle-timeout-ms": {
-    env: "SLUICE_IDLE_TIMEOUT_MS",
-    default: "120000",
-    help: "a session idle this long is closed, ms",
-  },
-  "session-queue-limit": {
-    env: "SLUICE_SESSION_QUEUE_LIMIT",
-    default: "1024",
-    help: "sessions waiting for a window, beyond: 429 session_queue_full",
-  },
-  "api-keys": {
-    env: "SLUICE_API_KEYS",
-    help: "API key file (JSON: key → { tenant, priority, rps, burst, admin }); env may also hold the JSON itself",
-  },
-  "admin-key": {
-    env: "SLUICE_ADMIN_KEY",
-    help: "key for /v1/admin/*, /dashboard (Bearer, or ?key= on /dashboard)",
-  },
-  "body-limit-bytes": {
-    env: "SLUICE_BODY_LIMIT_BYTES",
-    default: String(DEFAULT_BODY_LIMIT_BYTES),
+const milliseconds = z.number().int().nonnegative();
+
+/**
+ * Every setting of `sluice serve`: server settings here, the scheduler's from
+ * `SCHEDULER_SETTINGS`. `--help`, the `SLUICE_*` variables and
+ * docs/configuration.md come from this list.
+ */
+export const SERVE_SETTINGS: readonly Setting[] = [
+  defineSetting({
+    flag: "port",
+    path: "port",
+    topic: SERVER,
+    schema: z.number().int().min(0).max(65535).default(DEFAULTS.port),
+    help: "TCP port; 0 picks a free one",
+  }),
+  defineSetting({
+    flag: "host",
+    path: "host",
+    topic: SERVER,
+    schema: z.string().default(DEFAULTS.host),
+    placeholder: "<address>",
+    expects: "an interface address",
+    help: "interface to listen on (0.0.0.0: every interface)",
+  }),
+  defineSetting({
+    flag: "body-limit-bytes",
+    path: "bodyLimitBytes",
+    topic: SERVER,
+    schema: z.number().int().positive().default(DEFAULT_BODY_LIMIT_BYTES),
     help: "largest request body, bytes",
-  },
-  "stream-stall-timeout-ms": {
-    env: "SLUICE_STREAM_STALL_TIMEOUT_MS",
-    default: String(DEFAULT_STREAM_STALL_TIMEOUT_MS),
-    help: "a streaming client that reads nothing this long loses its call (its engine slot is freed), ms; 0 never",
-  },
-  "drain-timeout-ms": {
-    env: "SLUICE_DRAIN_TIMEOUT_MS",
-    default: "30000",
+  }),
+  defineSetting({
+    flag: "stream-stall-timeout-ms",
+    path: "streamStallTimeoutMs",
+    topic: SERVER,
+    schema: milliseconds.default(DEFAULT_STREAM_STALL_TIMEOUT_MS),
+    help: "a streaming client that reads nothing this long loses its call (its engine slot is freed), ms; 0: never",
+  }),
+  defineSetting({
+    flag: "drain-timeout-ms",
+    path: "drainTimeoutMs",
+    topic: SERVER,
+    schema: milliseconds.default(DEFAULTS.drainTimeoutMs),
     help: "on SIGINT/SIGTERM, how long running calls may finish, ms",
-  },
-  tokenizer: { env: "SLUICE_TOKENIZER", default: "o200k", help: "o200k, or the path of a tokenizer.json" },
-  "cors-origin": {
-    env: "SLUICE_CORS_ORIGIN",
-    multiple: true,
-    help: "allowed CORS origin, repeatable (* for any); off by default",
-  },
-  help: { boolean: true, help: "print this help" },
+  }),
+  defineSetting({
+    flag: "nats",
+    path: "nats",
+    topic: SERVER,
+    schema: z.string(),
+    placeholder: "<url>",
+    expects: "a NATS server URL",
+    help: "NATS server URL: also serve the NATS API",
+  }),
+  defineSetting({
+    flag: "upstream",
+    path: "upstreams",
+    topic: ENGINES,
+    schema: z.array(z.string().refine((text) => parses(() => parseUpstreamSpec(text)))),
+    placeholder: "<[name=]url>",
+    expects: "an http(s) URL, optionally as NAME=URL",
+    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); none: simulated replicas",
+  }),
+  defineSetting({
+    flag: "kv-capacity-tokens",
+    path: "kvCapacityTokens",
+    topic: ENGINES,
+    schema: z.array(z.string().refine((text) => parses(() => parseKvCapacitySpecs([text])))),
+    placeholder: "<[name=]int>",
+    expects: "a positive number of tokens, N or NAME=N",
+    help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N; without it that upstream's token budget is off",
+  }),
+  defineSetting({
+    flag: "log-level",
+    path: "logLevel",
+    topic: SERVER,
+    schema: z.enum(LOG_LEVELS).default("info"),
+    placeholder: `<${LOG_LEVELS.join("|")}>`,
+    help: "lowest level logged (JSON lines when not a terminal)",
+  }),
+  defineSetting({
+    flag: "data-dir",
+    path: "dataDir",
+    topic: SERVER,
+    schema: z.string().min(1).default(DEFAULT_DATA_DIR),
+    placeholder: "<path>",
+    expects: "a directory path",
+    help: "directory for batches, files and idempotency records (kept across restarts)",
+  }),
+  defineSetting({
+    flag: "sim-replicas",
+    path: "simReplicas",
+    topic: ENGINES,
+    schema: z.number().int().positive().default(DEFAULTS.simReplicas),
+    help: "simulated replicas when there is no upstream",
+  }),
+  defineSetting({
+    flag: "sim-host-kv-tokens",
+    path: "simHostKvTokens",
+    topic: ENGINES,
+    schema: z.number().int().nonnegative(),
+    defaultText: "0: none",
+    help: "host-memory KV tier of each simulated rank, tokens (docs/tiers.md)",
+  }),
+  defineSetting({
+    flag: "sim-preset",
+    path: "simPreset",
+    topic: ENGINES,
+    schema: z.enum(Object.keys(PRESETS) as [PresetName, ...PresetName[]]).default(DEFAULTS.simPreset),
+    placeholder: "<preset>",
+    help: "preset of the simulated replicas",
+  }),
+  defineSetting({
+    flag: "tokenizer",
+    path: "tokenizer",
+    topic: ENGINES,
+    schema: z.string().default(DEFAULTS.tokenizer),
+    placeholder: "<o200k|path>",
+    expects: "o200k or the path of a tokenizer.json",
+    help: "tokenizer: o200k, or the path of a tokenizer.json",
+  }),
+  ...SCHEDULER_SETTINGS,
+  defineSetting({
+    flag: "api-keys",
+    path: "apiKeys",
+    topic: ACCESS,
+    schema: z.string(),
+    placeholder: "<path>",
+    expects: "the path of an API key file",
+    help: "API key file (JSON: key → { tenant, priority, rps, burst, admin }); the variable may hold the JSON itself",
+  }),
+  defineSetting({
+    flag: "admin-key",
+    path: "adminKey",
+    topic: ACCESS,
+    schema: z.string().min(8),
+    placeholder: "<key>",
+    expects: "at least 8 characters",
+    secret: true,
+    help: "key for /v1/admin/* and /dashboard (Bearer, or ?key= on /dashboard)",
+  }),
+  defineSetting({
+    flag: "cors-origin",
+    path: "corsOrigins",
+    topic: ACCESS,
+    schema: z.array(z.string()),
+    placeholder: "<origin>",
+    help: "allowed CORS origin (* for any); off by default",
+  }),
+];
+
+/** `sluice serve` for help and the parser. */
+export const SERVE_COMMAND: CommandSpec = {
+  name: "serve",
+  usage: "sluice serve [flags]",
+  summary:
+    "Runs the scheduler: the OpenAI API, /metrics, /healthz, /readyz, the dashboard. With no --upstream it\n" +
+    "serves --sim-replicas simulated replicas in-process. Runs until SIGINT or SIGTERM, then drains.",
+  settings: SERVE_SETTINGS,
+  footer:
+    "exit status: 0 after a signal and an orderly close, 1 could not start, 2 bad flags or configuration",
 };
 
 /** The `--help` text. */
 export function serveHelp(): string {
-  const lines = ["usage: sluice serve [flags]", "", "Flags win over environment variables.", ""];
-  for (const [name, spec] of Object.entries(SERVE_FLAGS)) {
-    const head = `  --${name}${spec.boolean ? "" : spec.multiple ? " VALUE…" : " VALUE"}`;
-    const tail = [
-      spec.default !== undefined ? `default ${spec.default}` : "",
-      spec.env ? `env ${spec.env}` : "",
-    ]
-      .filter(Boolean)
-      .join("; ");
-    lines.push(head, `      ${spec.help}${tail ? ` (${tail})` : ""}`);
-  }
-  return lines.join("\n");
-}
-
-type RawFlags = Record<string, string | string[] | boolean | undefined>;
-
-/** A flag's value, else its variable's, else undefined; records which so errors can name the source. */
-function lookupSetting(
-  raw: RawFlags,
-  env: Record<string, string | undefined>,
-  name: string,
-): { value: string; source: string } | undefined {
-  const flag = raw[name];
-  if (typeof flag === "string") return { value: flag, source: `--${name}` };
-  const variable = SERVE_FLAGS[name]?.env;
-  const fromEnv = variable ? env[variable] : undefined;
-  if (fromEnv !== undefined && fromEnv.trim() !== "") return { value: fromEnv, source: variable! };
-  return undefined;
-}
-
-function invalid(source: string, expected: string, value: string): ConfigError {
-  return new ConfigError(`${source} takes ${expected}, got ${JSON.stringify(value)}`, {
-    ...(source.startsWith("--") ? { flag: source } : { variable: source }),
-    value,
-  });
-}
-
-function integer(
-  raw: RawFlags,
-  env: Record<string, string | undefined>,
-  name: string,
-  min: number,
-): number | undefined {
-  const found = lookupSetting(raw, env, name);
-  if (!found) return undefined;
-  const text = found.value.trim();
-  const value = Number(text);
-  if (!/^[0-9]+$/.test(text) || !Number.isSafeInteger(value) || value < min) {
-    throw invalid(found.source, min >= 1 ? "a positive integer" : "a non-negative integer", found.value);
-  }
-  return value;
-}
-
-function number(
-  raw: RawFlags,
-  env: Record<string, string | undefined>,
-  name: string,
-  range: [number, number],
-): number | undefined {
-  const found = lookupSetting(raw, env, name);
-  if (!found) return undefined;
-  const text = found.value.trim();
-  const value = Number(text);
-  if (text === "" || !Number.isFinite(value) || value < range[0] || value > range[1]) {
-    throw invalid(found.source, `a number from ${range[0]} to ${range[1]}`, found.value);
-  }
-  return value;
-}
-
-function choice<T extends string>(
-  raw: RawFlags,
-  env: Record<string, string | undefined>,
-  name: string,
-  choices: readonly T[],
-): T | undefined {
-  const found = lookupSetting(raw, env, name);
-  if (!found) return undefined;
-  const value = found.value.trim();
-  if (!(choices as readonly string[]).includes(value))
-    throw invalid(found.source, choices.join(" | "), found.value);
-  return value as T;
-}
-
-function list(raw: RawFlags, env: Record<string, string | undefined>, name: string): string[] {
-  const flag = raw[name];
-  if (Array.isArray(flag) && flag.length > 0) return flag.map((v) => v.trim()).filter(Boolean);
-  const variable = SERVE_FLAGS[name]?.env;
-  const fromEnv = variable ? env[variable] : undefined;
-  return fromEnv
-    ? fromEnv
-        .split(",")
-        .map((v) => v.trim())
-        .filter(Boolean)
-    : [];
+  return renderHelp(SERVE_COMMAND);
 }
 
 /**
  * Turns `sluice serve` flags (and `SLUICE_*` variables) into `startServer`
- * options. Throws `ConfigError` naming the flag and the value for anything
- * invalid; gate limits follow SPEC 9 (an invalid variable only warns).
+ * options, holding only what was set (defaults stay with `startServer` and
+ * the scheduler's schema). Throws `ConfigError` naming the flag and the value
+ * for anything invalid; an invalid variable only warns (SPEC 9).
  */
 export async function serveOptionsFromArgs(
   argv: string[],
   env: Record<string, string | undefined> = process.env,
   warn: (message: string) => void = stderrLog,
 ): Promise<ServeOptions> {
-  const parseOptions: Record<string, { type: "string" | "boolean"; multiple?: boolean }> = {};
-  for (const [name, spec] of Object.entries(SERVE_FLAGS)) {
-    parseOptions[name] = {
-      type: spec.boolean ? "boolean" : "string",
-      ...(spec.multiple ? { multiple: true } : {}),
-    };
-  }
-  let raw: RawFlags;
-  try {
-    raw = parseArgs({ args: argv, options: parseOptions, strict: true, allowPositionals: false })
-      .values as RawFlags;
-  } catch (err) {
-    throw new ConfigError((err as Error).message);
-  }
-
-  const gate = resolveGateLimitsWithSources({
-    flags: {
-      ...(typeof raw["engine-request-limit"] === "string"
-        ? { engineRequestLimit: raw["engine-request-limit"] }
-        : {}),
-      ...(typeof raw["engine-request-waiting-limit"] === "string"
-        ? { engineRequestWaitingLimit: raw["engine-request-waiting-limit"] }
-        : {}),
-      ...(typeof raw["request-queue-limit"] === "string"
-        ? { requestQueueLimit: raw["request-queue-limit"] }
-        : {}),
-    },
-    env,
-    warn,
-  });
-  // Only explicit settings are fixed; the rest follow the engine's reported capacity (SPEC 9).
-  const explicit = (key: keyof typeof gate.limits) =>
-    gate.sources[key] === "flag" || gate.sources[key] === "env" || gate.sources[key] === "alias"
-      ? { [key]: gate.limits[key] }
-      : {};
-
-  const policy = choice<Policy>(raw, env, "policy", POLICIES);
-  const staleSignals = choice(raw, env, "stale-signals", ["closed", "open"] as const);
-  const blockSize = integer(raw, env, "block-size", 1);
-  const defaultMaxTokens = integer(raw, env, "default-max-tokens", 1);
-  const contextWindow = integer(raw, env, "context-window", 1);
-  const overloadStatus = integer(raw, env, "overload-status", 400);
-  if (overloadStatus !== undefined && overloadStatus > 599) {
-    throw invalid(
-      lookupSetting(raw, env, "overload-status")!.source,
-      "an HTTP status from 400 to 599",
-      String(overloadStatus),
-    );
-  }
-  const bulkMaxTotalTokens = integer(raw, env, "bulk-max-total-tokens", 1);
-  const affinityBreakKv = number(raw, env, "affinity-break-kv", [0, 1]);
-  const affinityBreakMs = number(raw, env, "affinity-break-ms", [0, Number.MAX_SAFE_INTEGER]);
-  const controlIntervalMs = integer(raw, env, "control-interval-ms", 1);
-  const idleTimeoutMs = integer(raw, env, "idle-timeout-ms", 1);
-  const sessionQueueLimit = integer(raw, env, "session-queue-limit", 0);
-  const window: NonNullable<SchedulerConfigInput["window"]> = {};
-  const windowInitial = integer(raw, env, "window-initial", 1);
-  if (windowInitial !== undefined) window.initial = windowInitial;
-  const windowMin = integer(raw, env, "window-min", 1);
-  if (windowMin !== undefined) window.min = windowMin;
-  const windowMax = integer(raw, env, "window-max", 1);
-  if (windowMax !== undefined) window.max = windowMax;
-  const windowIncrease = integer(raw, env, "window-increase", 1);
-  if (windowIncrease !== undefined) window.increase = windowIncrease;
-  const windowDecrease = number(raw, env, "window-decrease", [0, 1]);
-  if (windowDecrease !== undefined) {
-    if (windowDecrease <= 0 || windowDecrease >= 1) {
-      const found = lookupSetting(raw, env, "window-decrease")!;
-      throw invalid(found.source, "a number between 0 and 1 (exclusive)", found.value);
-    }
-    window.decrease = windowDecrease;
-  }
-  const windowKvLow = number(raw, env, "window-kv-low", [0, 1]);
-  if (windowKvLow !== undefined) window.kvLow = windowKvLow;
-  const windowKvHigh = number(raw, env, "window-kv-high", [0, 1]);
-  if (windowKvHigh !== undefined) window.kvHigh = windowKvHigh;
-  const windowHitLow = number(raw, env, "window-hit-low", [0, 1]);
-  if (windowHitLow !== undefined) window.hitLow = windowHitLow;
-
-  const config: SchedulerConfigInput = {
-    ...(policy ? { policy } : {}),
-    ...(blockSize !== undefined ? { blockSize } : {}),
-    ...(defaultMaxTokens !== undefined ? { defaultMaxTokens } : {}),
-    ...(contextWindow !== undefined ? { contextWindowTokens: contextWindow } : {}),
-    gate: {
-      ...explicit("engineRequestLimit"),
-      ...explicit("engineRequestWaitingLimit"),
-      ...explicit("requestQueueLimit"),
-      ...(overloadStatus !== undefined ? { overloadStatus } : {}),
-    },
-    lanes: bulkMaxTotalTokens !== undefined ? { bulkMaxTotalTokens } : {},
-    routing: {
-      ...(affinityBreakKv !== undefined ? { affinityBreakKv } : {}),
-      ...(affinityBreakMs !== undefined ? { affinityBreakMs } : {}),
-    },
-    ...(Object.keys(window).length > 0 ? { window } : {}),
-    sessions: {
-      ...(staleSignals ? { staleSignals } : {}),
-      ...(controlIntervalMs !== undefined ? { controlIntervalMs } : {}),
-      ...(idleTimeoutMs !== undefined ? { idleTimeoutMs } : {}),
-      ...(sessionQueueLimit !== undefined ? { queueLimit: sessionQueueLimit } : {}),
-    },
-  };
-
-  const presetValue = lookupSetting(raw, env, "sim-preset");
-  let simPreset: PresetName | undefined;
-  if (presetValue) {
-    const name = presetValue.value.trim();
-    if (!isPresetName(name)) throw invalid(presetValue.source, "a simulator preset name", presetValue.value);
-    simPreset = name;
-  }
-
-  const upstreams = list(raw, env, "upstream");
-  const kvCapacityTokens = list(raw, env, "kv-capacity-tokens");
-  try {
-    resolveUpstreams(upstreams, kvCapacityTokens);
-  } catch (err) {
-    if (err instanceof UpstreamSpecError) throw invalid(err.setting, err.expected, err.value);
-    throw err;
-  }
-
-  const keysSource = lookupSetting(raw, env, "api-keys");
-  let keys: ApiKeys | undefined;
-  if (keysSource) {
+  const line = parseCommandLine(SERVE_COMMAND, argv, env, warn);
+  if (line.kind !== "run") return {};
+  const { apiKeys, ...options } = line.values as ServeOptions & { apiKeys?: string };
+  if (options.tokenizer !== undefined) {
     try {
-      keys =
-        keysSource.source === "SLUICE_API_KEYS"
-          ? await ApiKeys.fromEnv({ SLUICE_API_KEYS: keysSource.value })
-          : await ApiKeys.fromFile(keysSource.value.trim());
-    } catch (err) {
-      throw new ConfigError(`${keysSource.source}: ${(err as Error).message}`, { value: keysSource.value });
-    }
-  }
-  const adminKey = lookupSetting(raw, env, "admin-key")?.value.trim();
-  if (adminKey !== undefined && adminKey.length < 8)
-    throw invalid("--admin-key", "at least 8 characters", "…");
-
-  const port = integer(raw, env, "port", 0);
-  if (port !== undefined && port > 65535)
-    throw invalid(lookupSetting(raw, env, "port")!.source, "a port 0–65535", String(port));
-  const simReplicas = integer(raw, env, "sim-replicas", 1);
-  const bodyLimitBytes = integer(raw, env, "body-limit-bytes", 1);
-  const drainTimeoutMs = integer(raw, env, "drain-timeout-ms", 0);
-  const streamStallTimeoutMs = integer(raw, env, "stream-stall-timeout-ms", 0);
-  const host = lookupSetting(raw, env, "host")?.value.trim();
-  const nats = lookupSetting(raw, env, "nats")?.value.trim();
-  const tokenizer = lookupSetting(raw, env, "tokenizer")?.value.trim();
-  if (tokenizer !== undefined) {
-    try {
-      createTokenizer(tokenizer);
+      createTokenizer(options.tokenizer);
     } catch (err) {
       throw new ConfigError(`--tokenizer: ${(err as Error).message}`, {
         flag: "--tokenizer",
-        value: tokenizer,
+        value: options.tokenizer,
       });
     }
   }
-  const corsOrigins = list(raw, env, "cors-origin");
-
+  checkSchedulerSettings(options.config ?? {});
+  try {
+    // Names distinct, capacities given to names that exist: rules between values.
+    resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
+  } catch (err) {
+    if (err instanceof UpstreamSpecError)
+      throw new ConfigError(err.message, { flag: err.setting, value: err.value });
+    throw err;
+  }
+  let keys: ApiKeys | undefined;
+  if (apiKeys !== undefined) {
+    const fromEnv = line.sources["api-keys"] === "env";
+    try {
+      keys = fromEnv ? await ApiKeys.fromEnv({ SLUICE_API_KEYS: apiKeys }) : await ApiKeys.fromFile(apiKeys);
+    } catch (err) {
+      throw new ConfigError(`${fromEnv ? "SLUICE_API_KEYS" : "--api-keys"}: ${(err as Error).message}`, {
+        value: apiKeys,
+      });
+    }
+  }
+  // `sluice serve` keeps jobs in ./.sluice-data unless told otherwise; the library's default is a temporary directory.
   return {
-    config,
-    ...(port !== undefined ? { port } : {}),
-    ...(host ? { host } : {}),
-    ...(upstreams.length > 0 ? { upstreams } : {}),
-    ...(kvCapacityTokens.length > 0 ? { kvCapacityTokens } : {}),
-    ...(simReplicas !== undefined ? { simReplicas } : {}),
-    ...(simPreset ? { simPreset } : {}),
+    ...options,
+    dataDir: options.dataDir ?? DEFAULT_DATA_DIR,
+    config: options.config ?? {},
     ...(keys ? { keys } : {}),
-    ...(adminKey ? { adminKey } : {}),
-    ...(bodyLimitBytes !== undefined ? { bodyLimitBytes } : {}),
-    ...(drainTimeoutMs !== undefined ? { drainTimeoutMs } : {}),
-    ...(streamStallTimeoutMs !== undefined ? { streamStallTimeoutMs } : {}),
-    ...(nats ? { nats } : {}),
-    ...(tokenizer ? { tokenizer } : {}),
-    ...(corsOrigins.length > 0 ? { corsOrigins } : {}),
   };
 }
 
@@ -778,8 +630,7 @@ export async function serveOptionsFromArgs(
 export function run(argv: string[]): Promise<number> {
   return runServerCommand<ServeOptions, RunningServer>(
     {
-      name: "serve",
-      help: serveHelp,
+      spec: SERVE_COMMAND,
       parse: serveOptionsFromArgs,
       start: startServer,
       close: (server) => server.close(),

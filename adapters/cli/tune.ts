@@ -1,8 +1,12 @@
 /** @module `sluice tune`: Little's law from two scrapes of a gate's `/metrics` — L, C, W and a suggested waiting limit. */
 
 import { readFile } from "node:fs/promises";
-import { parseArgs } from "node:util";
+import { z } from "zod";
+import { ConfigError } from "../../src/config/config-error.js";
+import { defineSetting, type Setting } from "../../src/config/settings.js";
 import { type MetricSample, parsePrometheusText } from "../engines/openai/metrics-parser.js";
+import { type CommandIo, type CommandSpec, httpUrl, runCommand } from "./command-line.js";
+import { describeError } from "./error-cause.js";
 
 /** One (worker, dp_rank) row of the report. */
 export interface TuneRow {
@@ -216,106 +220,133 @@ export function formatReport(report: TuneReport): string {
   return out.join("\n");
 }
 
-const HELP = `usage: sluice tune --url URL [--interval-s N] | --before FILE --after FILE --interval-s N [--json]
+const TUNE = "Scrapes";
 
-Little's law on a gate's /metrics: L (time-average calls waiting for their first
-token), C (admissions per second), W = L / C, and the per-rank waiting limit ⌈L⌉.
+/** Every flag of `sluice tune` (flags only, no variables). */
+export const TUNE_SETTINGS: readonly Setting[] = [
+  defineSetting({
+    flag: "url",
+    path: "url",
+    topic: TUNE,
+    schema: httpUrl,
+    env: null,
+    placeholder: "<url>",
+    expects: "an http(s) URL",
+    help: "sluice base URL or its /metrics URL; scraped twice, --interval-s apart",
+  }),
+  defineSetting({
+    flag: "before",
+    path: "before",
+    topic: TUNE,
+    schema: z.string(),
+    env: null,
+    placeholder: "<file>",
+    help: "a saved /metrics page (first scrape)",
+  }),
+  defineSetting({
+    flag: "after",
+    path: "after",
+    topic: TUNE,
+    schema: z.string(),
+    env: null,
+    placeholder: "<file>",
+    help: "a saved /metrics page (second scrape)",
+  }),
+  defineSetting({
+    flag: "interval-s",
+    path: "intervalS",
+    topic: TUNE,
+    schema: z.number().positive(),
+    env: null,
+    defaultText: "10 with --url; required with files",
+    help: "seconds between the two scrapes",
+  }),
+  defineSetting({
+    flag: "json",
+    path: "json",
+    topic: "Output",
+    schema: z.boolean().default(false),
+    env: null,
+    help: "print the report as JSON",
+  }),
+];
 
-  --url URL         sluice base URL or its /metrics URL; scraped twice, --interval-s apart (default 10 s)
-  --before FILE     a saved /metrics page (first scrape)
-  --after FILE      a saved /metrics page (second scrape)
-  --interval-s N    seconds between the two scrapes (required with files)
-  --json            print the report as JSON
-  --help            this text`;
+/** `sluice tune` for help and the parser. */
+export const TUNE_COMMAND: CommandSpec = {
+  name: "tune",
+  usage:
+    "sluice tune --url <url> [--interval-s <number>] | --before <file> --after <file> --interval-s <number>",
+  summary:
+    "Little's law on a gate's /metrics: L (time-average calls waiting for their first token),\n" +
+    "C (admissions per second), W = L / C, and the per-rank waiting limit ⌈L⌉.",
+  settings: TUNE_SETTINGS,
+  footer: "exit status: 0 ok, 1 a scrape failed, 2 bad flags or unreadable files",
+};
 
 async function scrape(url: string): Promise<string> {
-  const response = await fetch(url, { signal: AbortSignal.timeout(10_000) });
+  let response: Response;
+  try {
+    response = await fetch(url, { signal: AbortSignal.timeout(10_000) });
+  } catch (err) {
+    throw new Error(`GET ${url}: ${describeError(err)}`);
+  }
   if (!response.ok) throw new Error(`GET ${url} answered ${response.status}`);
   return response.text();
 }
 
+interface TuneFlags {
+  url?: string;
+  before?: string;
+  after?: string;
+  intervalS?: number;
+  json?: boolean;
+}
+
 /** `sluice tune`. Returns 0, or 2 for bad flags, 1 when a scrape failed. */
-export async function run(argv: string[]): Promise<number> {
-  let values: Record<string, string | boolean | undefined>;
-  try {
-    values = parseArgs({
-      args: argv,
-      options: {
-        url: { type: "string" },
-        before: { type: "string" },
-        after: { type: "string" },
-        "interval-s": { type: "string" },
-        json: { type: "boolean" },
-        help: { type: "boolean" },
-      },
-      strict: true,
-      allowPositionals: false,
-    }).values;
-  } catch (err) {
-    process.stderr.write(`sluice tune: ${(err as Error).message}\n${HELP}\n`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(`${HELP}\n`);
-    return 0;
-  }
-  const url = values.url as string | undefined;
-  const beforeFile = values.before as string | undefined;
-  const afterFile = values.after as string | undefined;
-  const intervalRaw = values["interval-s"] as string | undefined;
-  let interval = 10;
-  if (intervalRaw !== undefined) {
-    interval = Number(intervalRaw.trim());
-    if (intervalRaw.trim() === "" || !Number.isFinite(interval) || interval <= 0) {
-      process.stderr.write(
-        `sluice tune: --interval-s takes a positive number of seconds, got ${JSON.stringify(intervalRaw)}\n`,
-      );
-      return 2;
-    }
-  }
-  let beforeText: string;
-  let afterText: string;
-  if (url !== undefined && (beforeFile !== undefined || afterFile !== undefined)) {
-    process.stderr.write("sluice tune: give either --url or --before/--after, not both\n");
-    return 2;
-  }
-  if (url !== undefined) {
-    let target: URL;
-    try {
-      target = new URL(url);
-    } catch {
-      process.stderr.write(`sluice tune: --url takes an http(s) URL, got ${JSON.stringify(url)}\n`);
-      return 2;
-    }
-    if (!target.pathname.endsWith("/metrics"))
-      target.pathname = `${target.pathname.replace(/\/+$/, "")}/metrics`;
-    try {
-      beforeText = await scrape(target.href);
-      process.stderr.write(`sluice tune: first scrape done; second in ${interval} s\n`);
-      await new Promise((resolve) => setTimeout(resolve, interval * 1000));
-      afterText = await scrape(target.href);
-    } catch (err) {
-      process.stderr.write(`sluice tune: ${(err as Error).message}\n`);
-      return 1;
-    }
-  } else {
-    if (beforeFile === undefined || afterFile === undefined) {
-      process.stderr.write(`sluice tune: give --url, or both --before and --after\n${HELP}\n`);
-      return 2;
-    }
-    if (intervalRaw === undefined) {
-      process.stderr.write("sluice tune: --interval-s is required with --before/--after\n");
-      return 2;
-    }
-    try {
-      beforeText = await readFile(beforeFile, "utf8");
-      afterText = await readFile(afterFile, "utf8");
-    } catch (err) {
-      process.stderr.write(`sluice tune: ${(err as Error).message}\n`);
-      return 2;
-    }
-  }
-  const report = littleLaw(beforeText, afterText, interval);
-  process.stdout.write(`${values.json ? JSON.stringify(report, null, 2) : formatReport(report)}\n`);
-  return 0;
+export function run(argv: string[], io: CommandIo = {}): Promise<number> {
+  const stdout = io.stdout ?? ((text: string) => process.stdout.write(text));
+  const stderr = io.stderr ?? ((text: string) => process.stderr.write(text));
+  return runCommand(
+    TUNE_COMMAND,
+    argv,
+    async (line) => {
+      const flags = line.values as TuneFlags;
+      const interval = flags.intervalS ?? 10;
+      let beforeText: string;
+      let afterText: string;
+      if (flags.url !== undefined && (flags.before !== undefined || flags.after !== undefined)) {
+        throw new ConfigError("give either --url or --before/--after, not both");
+      }
+      if (flags.url !== undefined) {
+        const target = new URL(flags.url);
+        if (!target.pathname.endsWith("/metrics"))
+          target.pathname = `${target.pathname.replace(/\/+$/, "")}/metrics`;
+        try {
+          beforeText = await scrape(target.href);
+          stderr(`sluice tune: first scrape done; second in ${interval} s\n`);
+          await new Promise((resolve) => setTimeout(resolve, interval * 1000));
+          afterText = await scrape(target.href);
+        } catch (err) {
+          stderr(`sluice tune: ${(err as Error).message}\n`);
+          return 1;
+        }
+      } else {
+        if (flags.before === undefined || flags.after === undefined) {
+          throw new ConfigError("give --url, or both --before and --after (see sluice tune --help)");
+        }
+        if (flags.intervalS === undefined)
+          throw new ConfigError("--interval-s is required with --before/--after");
+        try {
+          beforeText = await readFile(flags.before, "utf8");
+          afterText = await readFile(flags.after, "utf8");
+        } catch (err) {
+          throw new ConfigError(describeError(err));
+        }
+      }
+      const report = littleLaw(beforeText, afterText, interval);
+      stdout(`${flags.json ? JSON.stringify(report, null, 2) : formatReport(report)}\n`);
+      return 0;
+    },
+    { stdout, stderr, ...(io.env ? { env: io.env } : {}) },
+  );
 }

@@ -48,6 +48,8 @@ export interface SluiceClientOptions {
   random?: () => number;
   /** Request ids; default `req-<uuid>`. */
   newRequestId?: () => string;
+  /** Idempotency keys, one per call and reused by its retries; default a random UUID. */
+  newIdempotencyKey?: () => string;
 }
 
 /** Per-call options. */
@@ -58,6 +60,11 @@ export interface CallOptions {
   withinMs?: number;
   signal?: AbortSignal;
   requestId?: string;
+  /**
+   * `Idempotency-Key` sent with every attempt of a POST (a step, opening a session), so a retry after
+   * a lost answer is not run twice; default a new random key per call.
+   */
+  idempotencyKey?: string;
 }
 
 /** Per-step options. */
@@ -65,6 +72,14 @@ export interface StepOptions extends CallOptions {
   lane?: "interactive" | "bulk";
   /** Time-to-first-token deadline sent to sluice (`Sluice-Deadline-Ms` / `x-sluice-deadline-ms`), ms. */
   ttftDeadlineMs?: number;
+}
+
+/** What one attempt gets: its time limit, the call's request id and idempotency key, the caller's signal. */
+interface AttemptContext {
+  timeoutMs: number;
+  signal?: AbortSignal;
+  requestId: string;
+  idempotencyKey: string;
 }
 
 function positive(name: string, value: number): number {
@@ -90,6 +105,7 @@ export class SluiceClient {
   private readonly maxDelayMs: number;
   private readonly attemptTimeoutMs: number;
   private readonly newRequestId: () => string;
+  private readonly newIdempotencyKey: () => string;
 
   constructor(options: SluiceClientOptions) {
     this.transport = options.transport;
@@ -104,6 +120,7 @@ export class SluiceClient {
     this.maxDelayMs = positive("retry.maxDelayMs", retry.maxDelayMs ?? 30_000);
     this.attemptTimeoutMs = positive("attemptTimeoutMs", options.attemptTimeoutMs ?? 300_000);
     this.newRequestId = options.newRequestId ?? (() => `req-${globalThis.crypto.randomUUID()}`);
+    this.newIdempotencyKey = options.newIdempotencyKey ?? (() => globalThis.crypto.randomUUID());
   }
 
   /** Opens a session (`id` optional: sluice makes one). */
@@ -178,9 +195,14 @@ export class SluiceClient {
     sessionId: string | undefined,
     body: ChatRequest,
     options: StepOptions,
-    ctx: { timeoutMs: number; signal?: AbortSignal; requestId: string },
+    ctx: AttemptContext,
   ): TransportCall {
-    const call: TransportCall = { body, requestId: ctx.requestId, timeoutMs: ctx.timeoutMs };
+    const call: TransportCall = {
+      body,
+      requestId: ctx.requestId,
+      timeoutMs: ctx.timeoutMs,
+      idempotencyKey: ctx.idempotencyKey,
+    };
     if (ctx.signal) call.signal = ctx.signal;
     if (sessionId !== undefined) call.sessionId = sessionId;
     if (options.lane !== undefined) call.lane = options.lane;
@@ -190,7 +212,7 @@ export class SluiceClient {
 
   private async withRetries<T>(
     options: CallOptions,
-    attempt: (ctx: { timeoutMs: number; signal?: AbortSignal; requestId: string }) => Promise<T>,
+    attempt: (ctx: AttemptContext) => Promise<T>,
   ): Promise<T> {
     const start = this.clock.now();
     const deadline = Math.min(
@@ -198,6 +220,8 @@ export class SluiceClient {
       options.withinMs === undefined ? Number.POSITIVE_INFINITY : start + options.withinMs,
     );
     const requestId = options.requestId ?? this.newRequestId();
+    // One key for every attempt: a retry of a call whose answer was lost gets that answer, not a second run.
+    const idempotencyKey = options.idempotencyKey ?? this.newIdempotencyKey();
     const signal = options.signal;
     for (let n = 0; ; n++) {
       signal?.throwIfAborted();
@@ -212,7 +236,7 @@ export class SluiceClient {
       }
       const timeoutMs = Math.max(1, Math.min(this.attemptTimeoutMs, left));
       try {
-        return await attempt({ timeoutMs, requestId, ...(signal ? { signal } : {}) });
+        return await attempt({ timeoutMs, requestId, idempotencyKey, ...(signal ? { signal } : {}) });
       } catch (err) {
         if (signal?.aborted) throw abortError(signal);
         if (!(err instanceof SluiceError)) throw err;

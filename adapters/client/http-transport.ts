@@ -179,7 +179,16 @@ export class HttpTransport implements SluiceTransport {
   ): Promise<SessionInfo> {
     const timer = limit(ctx.timeoutMs, ctx.signal);
     try {
-      const response = await this.send(method, path, { requestId: ctx.requestId }, body, timer);
+      const response = await this.send(
+        method,
+        path,
+        {
+          requestId: ctx.requestId,
+          ...(ctx.idempotencyKey !== undefined ? { idempotencyKey: ctx.idempotencyKey } : {}),
+        },
+        body,
+        timer,
+      );
       const text = await response.text();
       return (text === "" ? {} : JSON.parse(text)) as SessionInfo;
     } catch (err) {
@@ -202,6 +211,8 @@ export class HttpTransport implements SluiceTransport {
     if (call.sessionId !== undefined) headers["x-session-id"] = call.sessionId;
     if (call.lane !== undefined) headers["x-sluice-lane"] = call.lane;
     if (call.deadlineMs !== undefined) headers["x-sluice-deadline-ms"] = String(call.deadlineMs);
+    if (method === "POST" && call.idempotencyKey !== undefined)
+      headers["idempotency-key"] = call.idempotencyKey;
     const response = await this.fetchImpl(`${this.baseUrl}${path}`, {
       method,
       headers,

@@ -1,6 +1,7 @@
 /** @module What the client speaks: OpenAI chat shapes, sluice's error, and the transport port (HTTP or NATS). */
 
 import { REFUSAL_STATUS } from "../../src/errors.js";
+import { parseRetryAfter } from "../openai-api/retry-after.js";
 /** An OpenAI chat message. */
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "tool" | (string & {});
@@ -106,10 +107,14 @@ export class SluiceError extends Error {
   /**
    * Whether trying again later can succeed: 429, 503, 529 and other 5xx, and
    * transport failures. Never a 413 (the same prompt will not fit later) nor
-   * any other 4xx.
+   * any other 4xx, nor `deadline_infeasible` (the same deadline stays out of
+   * reach while the replica is as busy: change the deadline or the lane first).
    */
   get retryable(): boolean {
+    if (this.code === "deadline_infeasible") return false;
     if (this.status === 429) return true;
+    // The same call (same Idempotency-Key) still runs: its answer is ready later.
+    if (this.status === 409 && this.code === "idempotency_in_progress") return true;
     if (this.status >= 400 && this.status < 500) return false;
     return this.status >= 500 && this.status !== 501;
   }
@@ -124,12 +129,10 @@ export class SluiceError extends Error {
     const code =
       typeof error?.code === "string" ? error.code : status >= 500 ? "unavailable" : "invalid_request";
     const message = typeof error?.message === "string" ? error.message : `sluice answered ${status}`;
-    const retryAfter = meta.retryAfter == null ? undefined : Number(meta.retryAfter.trim());
     return new SluiceError(`${status} ${code}: ${message}`, {
       status,
       code,
-      retryAfterSeconds:
-        retryAfter !== undefined && Number.isFinite(retryAfter) && retryAfter >= 0 ? retryAfter : undefined,
+      retryAfterSeconds: parseRetryAfter(meta.retryAfter),
       envelope: error ? (envelope as ErrorEnvelope) : undefined,
       requestId: typeof error?.request_id === "string" ? error.request_id : meta.requestId,
     });
@@ -144,6 +147,8 @@ export interface TransportCall {
   /** Time-to-first-token deadline sluice checks feasibility against, ms. */
   deadlineMs?: number;
   requestId: string;
+  /** Sent as `Idempotency-Key`; the same for every attempt of one call. */
+  idempotencyKey?: string;
   /** This attempt's time limit, ms (the transport tells sluice, which cancels the call after it). */
   timeoutMs: number;
   signal?: AbortSignal;
@@ -154,6 +159,8 @@ export interface TransportContext {
   timeoutMs: number;
   signal?: AbortSignal;
   requestId: string;
+  /** Sent as `Idempotency-Key` on a POST; the same for every attempt of one call. */
+  idempotencyKey?: string;
 }
 
 /** How the client reaches sluice: HTTP or NATS. Every method throws `SluiceError`. */

@@ -1,4 +1,4 @@
-/** @module The live dashboard: one self-contained HTML page (inline CSS, inline script, SVG charts) that polls `/v1/admin/state`. */
+/** @module The live dashboard: one self-contained HTML page (inline CSS, inline script, SVG charts) that reads the server's history at `/v1/admin/history`. */
 
 import { readFileSync } from "node:fs";
 
@@ -8,10 +8,10 @@ export interface DashboardOptions {
   pollMs: number;
   /** The window law's thresholds, drawn as lines on the KV and hit-rate charts (0–1). */
   thresholds: { kvLow: number; kvHigh: number; hitLow: number };
-  /** History kept in the page, seconds. Default 300. */
+  /** History drawn, seconds (the server keeps 15 minutes). Default 900. */
   historySeconds?: number;
-  /** Path of the state endpoint, relative to the page. Default `/v1/admin/state`. */
-  statePath?: string;
+  /** Path of the history endpoint, relative to the page. Default `/v1/admin/history`. */
+  historyPath?: string;
 }
 
 // The browser script lives in its own file so it can be linted as JavaScript; it is inlined, never linked.
@@ -35,7 +35,10 @@ section.panel p.note { margin: 0 0 6px; color: var(--muted); font-size: 12px; }
 svg.chart { width: 100%; height: 220px; display: block; }
 svg.chart text { fill: var(--muted); font-size: 11px; }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; color: var(--muted); margin-top: 4px; }
-.legend i { display: inline-block; width: 14px; height: 3px; margin-right: 5px; vertical-align: middle; }
+.legend svg { vertical-align: middle; }
+#events { grid-column: 1 / -1; max-height: 360px; overflow-y: auto; }
+#events td, #events th { text-align: left; white-space: normal; }
+#events tr.level-warn td { color: var(--warn); }
 table { border-collapse: collapse; width: 100%; font-size: 12px; }
 th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--grid); white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
@@ -47,8 +50,8 @@ export function renderDashboard(options: DashboardOptions): string {
   const config = {
     pollMs: options.pollMs,
     thresholds: options.thresholds,
-    historySeconds: options.historySeconds ?? 300,
-    statePath: options.statePath ?? "/v1/admin/state",
+    historySeconds: options.historySeconds ?? 900,
+    historyPath: options.historyPath ?? "/v1/admin/history",
   };
   // `<` is escaped so nothing in the embedded JSON can close the script element.
   const configJson = JSON.stringify(config).replace(/</g, "\\u003c");
@@ -71,17 +74,39 @@ export function renderDashboard(options: DashboardOptions): string {
 </header>
 <div id="error" role="alert"></div>
 <main>
+  <section class="panel" id="panel-window"><h2>Token window W vs footprints, per replica</h2>
+    <p class="note">Yellow steps: W (tokens the window lets active sessions hold). Blue: the sum of active sessions' footprints. A session waits when its footprint does not fit W − footprints. Line style tells replicas apart.</p>
+    <p class="note" id="window-note"></p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-sessions"><h2>Sessions by state, per replica</h2>
+    <p class="note">Green active (running or idle), blue idle between steps, grey dormant (left the window, pinned), yellow paused, red waiting. Line style tells replicas apart.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-budget"><h2>Token budget: reserved vs reservable</h2>
+    <p class="note">Tokens reserved by active and queued calls; dashed: what may be reserved (ceiling − guard band). Reserved at the line means calls are refused with token_budget_exhausted.</p>
+    <div class="chart-slot"></div></section>
   <section class="panel" id="panel-kv"><h2>KV cache usage per replica</h2>
     <p class="note">Blocks held by running calls (0–100 %). Dashed lines: window law thresholds U_low and U_high.</p>
     <div class="chart-slot"></div></section>
   <section class="panel" id="panel-hit"><h2>Prefix cache hit rate per replica</h2>
-    <p class="note">Token-weighted, over the last control interval. Dashed line: H_low (the window halves only when KV is above U_high and hit rate below H_low).</p>
+    <p class="note">Engine-reported, token-weighted, over the last control interval. Dashed line: H_low (W is cut only when KV is above U_high and hit rate below H_low).</p>
     <div class="chart-slot"></div></section>
-  <section class="panel" id="panel-window"><h2>Session window vs sessions</h2>
-    <p class="note">Thick: window W. Solid: active sessions. Dashed: paused. Dotted: waiting.</p>
+  <section class="panel" id="panel-fleet-hit"><h2>Fleet hit rate: predicted vs delivered</h2>
+    <p class="note">Dashed: prompt tokens the router expected cached ÷ prompt tokens routed. Solid: cached ÷ prompt tokens the engines reported for finished calls.</p>
     <div class="chart-slot"></div></section>
-  <section class="panel" id="panel-gate"><h2>Gate occupancy per rank</h2>
-    <p class="note">Solid: engine requests held. Dashed: waiting for first token. Dotted: queued in the gate.</p>
+  <section class="panel" id="panel-latency"><h2>Latency</h2>
+    <p class="note">Per sample interval: time to first token p50/p95, end-to-end p95, admission queue wait p95.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-throughput"><h2>Throughput: generated tokens per second</h2>
+    <p class="note">Tokens generated by calls that finished in each interval.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-calls"><h2>Calls per second: completed and refused</h2>
+    <p class="note">Completed calls and refusals the scheduler decided, per second.</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-routes"><h2>Routing decisions per second by reason</h2>
+    <p class="note">pinned (stayed with its replica), prefix (best cached prefix), load (least loaded), affinity_break (moved off a saturated replica).</p>
+    <div class="chart-slot"></div></section>
+  <section class="panel" id="panel-gate"><h2>Gate occupancy per replica</h2>
+    <p class="note">Thick: engine requests held; thin: waiting for first token; red: queued in the gate. Dashed: the request limit.</p>
     <div class="chart-slot"></div></section>
   <section class="panel" id="panel-lanes"><h2>Lane queues</h2>
     <p class="note">Calls queued per lane, summed over replicas; the legend shows the oldest queued call's age.</p>
@@ -92,6 +117,9 @@ export function renderDashboard(options: DashboardOptions): string {
   <section class="panel" id="panel-stage"><h2>Overload stage</h2>
     <p class="note">0 normal · 1 bulk paused · 2 shedding.</p>
     <div class="chart-slot"></div></section>
+  <section class="panel" id="events"><h2>Why things changed</h2>
+    <p class="note">Window law decisions, pauses and dormancies, overload stage and replica health changes, newest first, with their cause.</p>
+    <div id="event-list"></div></section>
   <section class="panel" id="replicas"><h2>Replicas now</h2><div id="replica-table"></div></section>
 </main>
 <script type="application/json" id="sluice-config">${configJson}</script>

@@ -33,8 +33,23 @@ export interface ApiKeyIdentity {
   readonly slot: number;
 }
 
-/** A rate-limit verdict: allowed, or refused with a wait in whole seconds (≥ 1). */
-export type RateDecision = { allowed: true } | { allowed: false; retryAfterSeconds: number };
+/**
+ * Where a key stands with its rate limit, as OpenAI's `x-ratelimit-*-requests` headers say it:
+ * the bucket's capacity, the calls left in it, and the seconds until it is full again.
+ */
+export interface RateStanding {
+  limit: number;
+  remaining: number;
+  resetSeconds: number;
+}
+
+/**
+ * A rate-limit verdict: allowed, or refused with a wait in whole seconds (≥ 1);
+ * `standing` is present when the key has a rate limit.
+ */
+export type RateDecision =
+  | { allowed: true; standing?: RateStanding }
+  | { allowed: false; retryAfterSeconds: number; standing: RateStanding };
 
 interface Slot {
   digest: Buffer;
@@ -154,11 +169,21 @@ export class ApiKeys {
       slot.tokens + (Math.max(0, now - slot.refilledAtMs) / 1000) * slot.rps,
     );
     slot.refilledAtMs = now;
+    const rps = slot.rps;
+    const standing = (): RateStanding => ({
+      limit: slot.burst,
+      remaining: Math.floor(slot.tokens),
+      resetSeconds: Math.max(0, (slot.burst - slot.tokens) / rps),
+    });
     if (slot.tokens >= 1) {
       slot.tokens -= 1;
-      return { allowed: true };
+      return { allowed: true, standing: standing() };
     }
-    return { allowed: false, retryAfterSeconds: Math.max(1, Math.ceil((1 - slot.tokens) / slot.rps)) };
+    return {
+      allowed: false,
+      retryAfterSeconds: Math.max(1, Math.ceil((1 - slot.tokens) / rps)),
+      standing: standing(),
+    };
   }
 }
 

@@ -1,33 +1,40 @@
 /** @module The HTTP API of SPEC 8 on hono: OpenAI-compatible completions, sessions, admin state, metrics, dashboard. */
 
+import { AsyncLocalStorage } from "node:async_hooks";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Readable } from "node:stream";
-import type { Context } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
 import { Hono } from "hono";
 import { cors } from "hono/cors";
 import { Registry } from "prom-client";
 import { followAbort } from "../../src/abort.js";
+import { type Clock, realClock } from "../../src/clock.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { checkSessionId } from "../../src/sessions/session-id.js";
 import type {
   AdminState,
   AdmittedCall,
   CallInput,
   CallRequest,
   ChatMessage,
-  Lane,
   OpenSessionInit,
   SessionView,
 } from "../../src/types.js";
+import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
-import { createMetrics, type MetricsScheduler, type SluiceMetrics } from "../metrics/metrics.js";
-import { expectedIdleMsOf } from "../protocol/call-headers.js";
-import { type ApiKeyIdentity, type ApiKeys, secretsEqual } from "./api-keys.js";
-import { collectCall, sseStream } from "./call-response.js";
-import { CallTracker } from "./call-tracker.js";
-import { lingerThenClose } from "./linger.js";
-import type { ResponseContext } from "./openai-format.js";
-import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
-import { sanitizeRequestId } from "./request-id.js";
+import type { JobsEnv, JobsMount } from "../jobs/index.js";
+import { type Logger, silentLogger } from "../log/logger.js";
+import { AccessLog, operatorEventLog } from "../log/operations-log.js";
+import {
+  type CompletedCall,
+  createMetrics,
+  type MetricsScheduler,
+  type SluiceMetrics,
+} from "../metrics/metrics.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import { collectCall, sseStream } from "../openai-api/call-response.js";
+import type { ResponseContext } from "../openai-api/openai-format.js";
+import { sanitizeRequestId } from "../openai-api/request-id.js";
 import {
   type ChatBody,
   type CompletionBody,
@@ -35,7 +42,12 @@ import {
   completionBodySchema,
   openSessionBodySchema,
   parseBody,
-} from "./schemas.js";
+} from "../openai-api/schemas.js";
+import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
+import { CallTracker } from "./call-tracker.js";
+import { lingerThenClose } from "./linger.js";
+import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
+import { adviseRefusal, rateLimitHeaders } from "./refusal-advice.js";
 
 /** What the HTTP layer needs from the scheduler (`src/scheduler.ts` provides it). */
 export interface HttpScheduler extends MetricsScheduler {
@@ -83,14 +95,34 @@ export interface AppOptions {
   dashboardPollMs?: number;
   /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
   streamStallTimeoutMs?: number;
+  /** Batches, files, `Prefer: respond-async` and Idempotency-Key (`adapters/jobs`); off when omitted. */
+  jobs?: JobsMount;
+  /** The operator's log (access and refusal lines, operator events). Default: silent. */
+  logger?: Logger;
+  /** Time source of queue times, durations and log sampling. Default real time. */
+  clock?: Clock;
+  /** Server-side history the dashboard draws; one sampling every second is created when omitted. */
+  history?: StateHistory;
 }
 
 /** Default of `streamStallTimeoutMs`. */
 export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
 
-type Env = { Variables: { requestId: string; identity: ApiKeyIdentity | undefined } };
+/** What the HTTP layer learns about one request as it goes, for its refusal headers and its log line. */
+interface RequestFacts {
+  startedAt: number;
+  /** When the call was handed to the scheduler (queue time on a refusal counts from here). */
+  submittedAt?: number;
+  /** The replica the router chose (from the scheduler's `route` event, within this request's async context). */
+  replica?: string;
+  lane?: string;
+  session?: string;
+  rate?: RateStanding;
+}
 
-const LANES: readonly Lane[] = ["interactive", "bulk"];
+type Env = {
+  Variables: { requestId: string; identity: ApiKeyIdentity | undefined; facts: RequestFacts };
+};
 
 function validateOptions(options: AppOptions): void {
   const limit = options.bodyLimitBytes;
@@ -116,56 +148,35 @@ function bearerOf(header: string | undefined): string | undefined {
   return match?.[1]?.trim() || undefined;
 }
 
-function declaredLaneOf(header: string | undefined): Lane | undefined {
-  if (header === undefined) return undefined;
-  const lane = header.trim().toLowerCase();
-  if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
-  throw new Refusal(
-    "invalid_request",
-    `x-sluice-lane must be "interactive" or "bulk", got ${JSON.stringify(header)}`,
-    {
-      param: "x-sluice-lane",
-    },
-  );
+/** The key a client presented: `authorization: Bearer KEY`, or `x-api-key: KEY` (Anthropic-style clients). */
+function presentedKey(c: Context<Env>): string | undefined {
+  return bearerOf(c.req.header("authorization")) ?? (c.req.header("x-api-key")?.trim() || undefined);
 }
 
-function deadlineOf(header: string | undefined): number | undefined {
-  if (header === undefined) return undefined;
-  const value = Number(header.trim());
-  if (header.trim() === "" || !Number.isFinite(value) || value <= 0) {
-    throw new Refusal(
-      "invalid_request",
-      `x-sluice-deadline-ms must be a positive number of milliseconds, got ${JSON.stringify(header)}`,
-      { param: "x-sluice-deadline-ms" },
-    );
-  }
-  return value;
+/** A hono route path (`/v1/sessions/:id`) as a pattern matching concrete paths. */
+function routePattern(path: string): RegExp {
+  const escaped = path
+    .split("/")
+    .map((part) => (part.startsWith(":") ? "[^/]+" : part.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")))
+    .join("/");
+  return new RegExp(`^${escaped}/?$`);
 }
 
 function sessionKeyOf(c: Context<Env>): string | undefined {
   for (const name of SESSION_HEADERS) {
     const value = c.req.header(name)?.trim();
     if (value) {
-      if (value.length > 256 || !/^[\x21-\x7e]+$/.test(value)) {
-        throw new Refusal(
-          "invalid_request",
-          `${name} must be 1–256 printable ASCII characters without spaces`,
-          {
-            param: name,
-          },
-        );
-      }
-      return value;
+      return checkSessionId(value, name);
     }
   }
   return undefined;
 }
 
-function chatInput(body: ChatBody): CallInput {
+export function chatInput(body: ChatBody): CallInput {
   return { kind: "chat", messages: body.messages as ChatMessage[] };
 }
 
-function completionInput(body: CompletionBody): CallInput {
+export function completionInput(body: CompletionBody): CallInput {
   const prompt = body.prompt;
   if (typeof prompt === "string") return { kind: "text", prompt };
   const first = prompt[0];
@@ -190,8 +201,28 @@ export function createApp(options: AppOptions): Hono<Env> {
   const adminKey = options.adminKey;
   const keysOn = keys !== undefined && keys.size > 0;
   const adminLocked = keysOn || adminKey !== undefined;
+  const clock = options.clock ?? realClock;
+  const logger = options.logger ?? silentLogger();
+  const accessLog = new AccessLog(logger, { clock });
+  const history = options.history ?? new StateHistory({ scheduler, clock });
+  history.onEvent(operatorEventLog(logger, clock));
+  history.start();
+  // The scheduler's `route` event runs inside the submitting request's async context: that is how a refusal
+  // decided after routing (budget, deadline, gate) learns its replica without the scheduler knowing about HTTP.
+  const requestContext = new AsyncLocalStorage<RequestFacts>();
+  scheduler.addEvents({
+    route(e) {
+      const facts = requestContext.getStore();
+      if (facts) facts.replica = e.replica;
+    },
+  });
+  const recordCompletion = (e: CompletedCall) => {
+    metrics.recordCompletion(e);
+    history.recordCompletion(e);
+  };
   const dashboardHtml = renderDashboard({
     pollMs: options.dashboardPollMs ?? 1000,
+    historySeconds: 15 * 60,
     thresholds: {
       kvLow: scheduler.config.window.kvLow,
       kvHigh: scheduler.config.window.kvHigh,
@@ -211,6 +242,36 @@ export function createApp(options: AppOptions): Hono<Env> {
       metrics.recordRefusal({ reason: refusal.reason, lane: refusal.lane, status: refusal.status });
     }
     const rendered = renderRefusal(refusal, requestId);
+    const facts = c.get("facts");
+    // Routed calls know their replica; a session step refused while it waited for its window knows its pin.
+    const replica =
+      facts?.replica ??
+      (facts?.session ? (scheduler.getSession(facts.session)?.replica ?? undefined) : undefined);
+    const advice = adviseRefusal(refusal, {
+      replica,
+      queueMs: facts?.submittedAt !== undefined ? clock.now() - facts.submittedAt : undefined,
+      replicaState:
+        replica && (refusal.reason === "token_budget_exhausted" || refusal.reason === "worker_overloaded")
+          ? scheduler.state().replicas.find((r) => r.id === replica)
+          : undefined,
+      rate: facts?.rate,
+    });
+    rendered.body.error.message = advice.message;
+    Object.assign(rendered.headers, advice.headers);
+    if (c.req.path.startsWith("/v1/")) {
+      accessLog.record({
+        requestId,
+        method: c.req.method,
+        path: c.req.path,
+        status: rendered.status,
+        reason: refusal.reason,
+        lane: refusal.lane ?? facts?.lane,
+        replica,
+        session: facts?.session,
+        queueMs: facts?.submittedAt !== undefined ? clock.now() - facts.submittedAt : undefined,
+        message: advice.message,
+      });
+    }
     if (refusal.reason === "body_too_large") {
       // The rest of an oversized body is not read: after a short linger (so the client sees the 413) the
       // connection closes. Kept alive, the server would read and discard the whole body to find the next request.
@@ -230,8 +291,37 @@ export function createApp(options: AppOptions): Hono<Env> {
     return err;
   };
 
-  app.notFound((c) =>
-    c.json(
+  // Methods each known path answers, from the routes registered (read when first needed, so later mounts count).
+  let knownRoutes: { pattern: RegExp; method: string }[] | undefined;
+  const allowedMethods = (path: string): string[] => {
+    knownRoutes ??= app.routes
+      .filter((route) => route.method !== "ALL" && !route.path.includes("*"))
+      .map((route) => ({ pattern: routePattern(route.path), method: route.method }));
+    const methods = new Set<string>();
+    for (const route of knownRoutes) if (route.pattern.test(path)) methods.add(route.method);
+    if (methods.has("GET")) methods.add("HEAD");
+    return [...methods];
+  };
+
+  app.notFound((c) => {
+    const allowed = allowedMethods(c.req.path);
+    if (allowed.length > 0) {
+      const rendered = renderRefusal(
+        new Refusal(
+          "invalid_request",
+          `${c.req.method} is not allowed on ${c.req.path}; use ${allowed.join(" or ")}`,
+          {
+            status: 405,
+          },
+        ),
+        c.get("requestId"),
+      );
+      return new Response(JSON.stringify(rendered.body), {
+        status: 405,
+        headers: { ...rendered.headers, allow: allowed.join(", ") },
+      });
+    }
+    return c.json(
       {
         error: {
           message: `no route for ${c.req.method} ${c.req.path}`,
@@ -242,15 +332,19 @@ export function createApp(options: AppOptions): Hono<Env> {
         },
       },
       404,
-    ),
-  );
+    );
+  });
 
   app.use("*", async function requestId(c, next) {
     const id = sanitizeRequestId(c.req.header("x-request-id"));
     c.set("requestId", id);
     c.set("identity", undefined);
+    c.set("facts", { startedAt: clock.now() });
     await next();
     c.res.headers.set("x-request-id", id);
+    const rate = c.get("facts").rate;
+    if (rate)
+      for (const [name, value] of Object.entries(rateLimitHeaders(rate))) c.res.headers.set(name, value);
   });
 
   if (options.cors) {
@@ -266,6 +360,7 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-sluice-lane",
           "x-sluice-deadline-ms",
           "x-sluice-expected-idle-ms",
+          "x-api-key",
           ...SESSION_HEADERS,
         ],
         exposeHeaders: [
@@ -274,6 +369,10 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-sluice-replica",
           "x-sluice-queue-ms",
           "retry-after",
+          "x-should-retry",
+          "x-ratelimit-limit-requests",
+          "x-ratelimit-remaining-requests",
+          "x-ratelimit-reset-requests",
         ],
       }),
     );
@@ -288,9 +387,20 @@ export function createApp(options: AppOptions): Hono<Env> {
   const requireAdmin = async function adminOnly(c: Context<Env>, next: () => Promise<void>) {
     if (adminLocked) {
       // Browsers cannot set headers when opening a page, so the dashboard also takes `?key=`.
-      const presented = bearerOf(c.req.header("authorization")) ?? c.req.query("key");
+      const presented = presentedKey(c) ?? c.req.query("key");
       if (!isAdminCredential(presented)) {
-        throw new Refusal("unauthorized", "admin routes need the admin key: authorization: Bearer KEY");
+        if (presented !== undefined && keys?.lookup(presented)) {
+          // Known but without the right: 403, with SPEC 8's reason, so clients that read reasons need nothing new.
+          throw new Refusal(
+            "unauthorized",
+            "this API key may not read admin routes: use the admin key (--admin-key) or a key with admin: true",
+            { status: 403 },
+          );
+        }
+        throw new Refusal(
+          "unauthorized",
+          "admin routes need the admin key: authorization: Bearer KEY (or x-api-key: KEY)",
+        );
       }
     }
     await next();
@@ -298,10 +408,13 @@ export function createApp(options: AppOptions): Hono<Env> {
 
   const requireKey = async function apiKey(c: Context<Env>, next: () => Promise<void>) {
     if (keysOn) {
-      const presented = bearerOf(c.req.header("authorization"));
+      const presented = presentedKey(c);
       const identity = presented === undefined ? undefined : keys.lookup(presented);
       if (!identity)
-        throw new Refusal("unauthorized", "missing or unknown API key: send authorization: Bearer KEY");
+        throw new Refusal(
+          "unauthorized",
+          "missing or unknown API key: send authorization: Bearer KEY (or x-api-key: KEY)",
+        );
       c.set("identity", identity);
     }
     await next();
@@ -311,6 +424,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     const identity = c.get("identity");
     if (identity && keys) {
       const decision = keys.take(identity);
+      if (decision.standing) c.get("facts").rate = decision.standing;
       if (!decision.allowed) {
         throw new Refusal(
           "rate_limited",
@@ -324,6 +438,14 @@ export function createApp(options: AppOptions): Hono<Env> {
     }
     await next();
   };
+
+  // The job routes read only `requestId` and `identity`, which every request here carries.
+  options.jobs?.mount(app as unknown as Hono<JobsEnv>, {
+    requireKey: requireKey as unknown as MiddlewareHandler<JobsEnv>,
+    rateLimit: rateLimit as unknown as MiddlewareHandler<JobsEnv>,
+    bodyLimitBytes: bodyLimit,
+    keys,
+  });
 
   // --- liveness, readiness, metrics, admin ---------------------------------------------------
 
@@ -348,6 +470,18 @@ export function createApp(options: AppOptions): Hono<Env> {
   else app.get("/metrics", metricsHandler);
 
   app.get("/v1/admin/state", requireAdmin, (c) => c.json(scheduler.state()));
+  app.get("/v1/admin/history", requireAdmin, (c) => {
+    const since = Number(c.req.query("since"));
+    const eventsAfter = Number(c.req.query("events_after"));
+    return c.json({
+      ...history.since(
+        Number.isFinite(since) ? since : undefined,
+        Number.isFinite(eventsAfter) ? eventsAfter : undefined,
+      ),
+      state: scheduler.state(),
+      serverTime: Date.now(),
+    });
+  });
   app.get("/dashboard", requireAdmin, (c) => c.html(dashboardHtml));
 
   // --- models and sessions ---------------------------------------------------------------------
@@ -412,8 +546,8 @@ export function createApp(options: AppOptions): Hono<Env> {
       });
     }
     // Header checks first: they cost nothing and need no body.
-    const declaredLane = declaredLaneOf(c.req.header("x-sluice-lane"));
-    const deadlineMs = deadlineOf(c.req.header("x-sluice-deadline-ms"));
+    const declaredLane = declaredLaneOf("x-sluice-lane", c.req.header("x-sluice-lane"));
+    const deadlineMs = positiveMsOf("x-sluice-deadline-ms", c.req.header("x-sluice-deadline-ms"));
     const expectedIdleMs = expectedIdleMsOf(
       "x-sluice-expected-idle-ms",
       c.req.header("x-sluice-expected-idle-ms"),
@@ -429,16 +563,6 @@ export function createApp(options: AppOptions): Hono<Env> {
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const body =
       endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
-    const models = scheduler.models();
-    if (body.model !== undefined && models.length > 0 && !models.includes(body.model)) {
-      throw new Refusal(
-        "model_not_found",
-        `model ${JSON.stringify(body.model)} is not served here; see GET /v1/models`,
-        {
-          param: "model",
-        },
-      );
-    }
     const identity = c.get("identity");
     const maxTokens =
       (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
@@ -480,9 +604,12 @@ export function createApp(options: AppOptions): Hono<Env> {
       req.tenant = identity.tenant;
     }
 
+    const facts = c.get("facts");
+    if (sessionId !== undefined) facts.session = sessionId;
+    facts.submittedAt = clock.now();
     let call: AdmittedCall;
     try {
-      call = await scheduler.submit(req);
+      call = await requestContext.run(facts, () => scheduler.submit(req));
     } catch (err) {
       unfollow();
       if (!outgoing) end();
@@ -497,11 +624,40 @@ export function createApp(options: AppOptions): Hono<Env> {
       if (!outgoing) end();
     };
     if (signal.aborted) onAbort();
+    facts.replica = call.replica;
+    facts.lane = call.lane;
+    const model = body.model ?? scheduler.models()[0] ?? "unknown";
+    call.result.then(
+      (result) => {
+        const durationMs = clock.now() - facts.startedAt;
+        recordCompletion({
+          lane: call.lane,
+          replica: call.replica,
+          model,
+          durationMs,
+          promptTokens: result.promptTokens,
+          cachedTokens: result.cachedTokens,
+          completionTokens: result.completionTokens,
+        });
+        accessLog.record({
+          requestId,
+          method: c.req.method,
+          path: c.req.path,
+          status: 200,
+          lane: call.lane,
+          replica: call.replica,
+          session: sessionId,
+          queueMs: call.queueMs,
+          durationMs,
+        });
+      },
+      () => {},
+    );
 
     const ctx: ResponseContext = {
       id: `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`,
       created: Math.floor(Date.now() / 1000),
-      model: body.model ?? models[0] ?? "unknown",
+      model,
       endpoint,
     };
     const headers: Record<string, string> = {

@@ -3,8 +3,8 @@
 import type { EventEmitter } from "node:events";
 import type { Duplex } from "node:stream";
 import { Refusal, renderRefusal } from "../../src/errors.js";
+import { newRequestId } from "../openai-api/request-id.js";
 import { closeAfterLinger } from "./linger.js";
-import { newRequestId } from "./request-id.js";
 
 const REASON_PHRASES: Record<number, string> = {
   400: "Bad Request",

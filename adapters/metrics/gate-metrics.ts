@@ -22,36 +22,45 @@ export function registerGateMetrics(registry: Registry, gates: () => Iterable<Na
   const registers = [registry];
   const rankLabels = ["worker", "dp_rank"] as const;
 
+  // SPEC 12 fixes the `…_count` names, which Prometheus conventions keep for histograms and summaries
+  // (`promtool check metrics` flags them); each is exposed again under a conventional name with the same labels.
   const occupancy = (
-    name: string,
+    names: { spec: string; conventional: string },
     help: string,
     read: (o: { requests: number; waiting: number; queued: number }) => number,
-  ) =>
-    new Gauge({
-      name,
-      help,
-      labelNames: rankLabels,
-      registers,
-      collect() {
-        this.reset();
-        for (const { worker, gate } of gates()) {
-          const s = gate.snapshot();
-          for (const rank of s.ranks) this.set({ worker, dp_rank: String(rank.rank) }, read(rank));
-          this.set({ worker, dp_rank: UNSPECIFIED_RANK }, read(s.unranked));
-        }
-      },
-    });
+  ) => {
+    for (const name of [names.spec, names.conventional]) {
+      new Gauge({
+        name,
+        help: name === names.spec ? help : `${help} (the conventional name of ${names.spec}).`,
+        labelNames: rankLabels,
+        registers,
+        collect() {
+          this.reset();
+          for (const { worker, gate } of gates()) {
+            const s = gate.snapshot();
+            for (const rank of s.ranks) this.set({ worker, dp_rank: String(rank.rank) }, read(rank));
+            this.set({ worker, dp_rank: UNSPECIFIED_RANK }, read(s.unranked));
+          }
+        },
+      });
+    }
+  };
   occupancy(
-    "sluice_gate_engine_request_count",
-    "Admitted calls holding an engine request slot.",
+    { spec: "sluice_gate_engine_request_count", conventional: "sluice_gate_engine_requests" },
+    "Admitted calls holding an engine request slot",
     (o) => o.requests,
   );
   occupancy(
-    "sluice_gate_engine_request_waiting_count",
-    "Admitted calls before their first generated token.",
+    { spec: "sluice_gate_engine_request_waiting_count", conventional: "sluice_gate_engine_requests_waiting" },
+    "Admitted calls before their first generated token",
     (o) => o.waiting,
   );
-  occupancy("sluice_gate_request_queue_count", "Calls waiting in the gate queue.", (o) => o.queued);
+  occupancy(
+    { spec: "sluice_gate_request_queue_count", conventional: "sluice_gate_requests_queued" },
+    "Calls waiting in the gate queue",
+    (o) => o.queued,
+  );
 
   const rankCounters = function* () {
     for (const { worker, gate } of gates()) {

@@ -1,7 +1,9 @@
 /** @module Prometheus metrics of SPEC 12 on an injected registry: gauges read from snapshots, counters fed by scheduler events. */
 
+import { createRequire } from "node:module";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, type Registry } from "prom-client";
-import type { AdminState, LaneClass, OverloadStage, SchedulerEvents } from "../../src/types.js";
+import { REFUSAL_STATUS } from "../../src/errors.js";
+import type { AdminState, Lane, LaneClass, OverloadStage, SchedulerEvents } from "../../src/types.js";
 import { registerGateMetrics } from "./gate-metrics.js";
 
 /** What the metrics need from the scheduler. */
@@ -18,6 +20,21 @@ export interface SluiceMetrics {
   readonly events: SchedulerEvents;
   /** Counts a refusal decided outside the scheduler (authentication, body, schema, rate limit). */
   recordRefusal(e: { reason: string; lane: LaneClass | undefined; status: number }): void;
+  /** Records a call that ran to its end (the transport knows its result and its duration). */
+  recordCompletion(e: CompletedCall): void;
+}
+
+/** A call that ended with a result, as the transport that served it saw it. */
+export interface CompletedCall {
+  lane: Lane;
+  replica: string;
+  model: string;
+  /** From arrival at sluice to the last byte of the result, ms. */
+  durationMs: number;
+  promptTokens: number;
+  /** Prompt tokens the engine served from its prefix cache. */
+  cachedTokens: number;
+  completionTokens: number;
 }
 
 /** Options of `createMetrics`. */
@@ -26,7 +43,38 @@ export interface MetricsOptions {
   defaultMetrics?: boolean;
   /** Prefix for the default metrics. Default none. */
   defaultMetricsPrefix?: string;
+  /** Version shown by `sluice_build_info`. Default: package.json's. */
+  version?: string;
 }
+
+/** The package's version, read once from package.json. */
+export const SLUICE_VERSION: string = (() => {
+  try {
+    return (
+      (createRequire(import.meta.url)("../../package.json") as { version?: string }).version ?? "unknown"
+    );
+  } catch {
+    return "unknown";
+  }
+})();
+
+/**
+ * prom-client's default metrics include gauges named `…_total` (the sums of
+ * `nodejs_active_handles` and friends by type), which Prometheus conventions
+ * reserve for counters; the per-type gauges carry the same information.
+ */
+const UNCONVENTIONAL_DEFAULT_METRICS = [
+  "nodejs_active_handles_total",
+  "nodejs_active_requests_total",
+  "nodejs_active_resources_total",
+];
+
+/** Retention-time buckets in seconds, from 1 s to 30 min. */
+export const RETENTION_BUCKETS: readonly number[] = [1, 2, 5, 10, 15, 30, 60, 90, 120, 180, 300, 600, 1800];
+/** End-to-end request latency buckets in seconds (vLLM's `e2e_request_latency_seconds` range). */
+export const E2E_BUCKETS: readonly number[] = [
+  0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680,
+];
 
 /** Token-count buckets: powers of two from 64 to 256k tokens. */
 export const TOKEN_BUCKETS: readonly number[] = Array.from({ length: 13 }, (_, i) => 64 * 2 ** i);
@@ -43,6 +91,8 @@ const STAGE_NUMBER: Record<OverloadStage, number> = { normal: 0, bulk_paused: 1,
 const LANES = ["interactive", "bulk"] as const;
 const OUTCOMES = ["ok", "error", "cancelled"] as const;
 const ROUTE_REASONS = ["pinned", "prefix", "load", "affinity_break"] as const;
+/** Every reason SPEC 8 names, so each refusal series exists (at zero) before the first refusal. */
+export const REFUSAL_REASONS = Object.keys(REFUSAL_STATUS) as readonly string[];
 
 /** Label value for a refusal that happened before the call had a lane. */
 const NO_LANE = "none";
@@ -63,7 +113,15 @@ export function createMetrics(
       register: registry,
       ...(options.defaultMetricsPrefix ? { prefix: options.defaultMetricsPrefix } : {}),
     });
+    for (const name of UNCONVENTIONAL_DEFAULT_METRICS)
+      registry.removeSingleMetric(`${options.defaultMetricsPrefix ?? ""}${name}`);
   }
+  new Gauge({
+    name: "sluice_build_info",
+    help: "Always 1; labels say which sluice (version) runs on which Node.js.",
+    labelNames: ["version", "node_version"],
+    registers: [registry],
+  }).set({ version: options.version ?? SLUICE_VERSION, node_version: process.version }, 1);
   registerGateMetrics(registry, () => scheduler.gates());
 
   // One snapshot per scrape: each gauge's collect() reads it; it is dropped once the scrape's microtasks are done.
@@ -99,8 +157,28 @@ export function createMetrics(
 
   perReplica(
     "sluice_session_window",
-    "Session window size W per replica (AIMD); absent when the policy has no window.",
+    "Sessions the window of a replica holds (the token window), or W of the session-count law; absent when the policy has no window.",
     (r) => r.window.size,
+  );
+  perReplica(
+    "sluice_session_window_tokens",
+    "Token window W of a replica: the KV tokens its active sessions may hold (SPEC 6).",
+    (r) => r.window.sizeTokens,
+  );
+  perReplica(
+    "sluice_session_footprint_tokens",
+    "Sum of the footprints (context plus expected next growth) of a replica's active sessions, tokens.",
+    (r) => r.window.footprintTokens,
+  );
+  perReplica(
+    "sluice_sessions_idle",
+    "Active sessions between steps (running tools) on a replica; they keep their place for their retention time.",
+    (r) => r.window.idle,
+  );
+  perReplica(
+    "sluice_sessions_dormant",
+    "Idle sessions that left a replica's window after their retention time; they keep their pin.",
+    (r) => r.window.dormant,
   );
   perReplica(
     "sluice_sessions_active",
@@ -125,6 +203,16 @@ export function createMetrics(
   perReplica(
     "sluice_replica_prefix_hit_rate",
     "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1).",
+    (r) => r.signals.hitRate,
+  );
+  perReplica(
+    "sluice_replica_kv_usage_ratio",
+    "KV cache usage of a replica (0-1), excluding evictable cache; the same value as sluice_replica_kv_usage.",
+    (r) => r.signals.kvUsage,
+  );
+  perReplica(
+    "sluice_replica_prefix_cache_hit_ratio",
+    "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1); the same value as sluice_replica_prefix_hit_rate.",
     (r) => r.signals.hitRate,
   );
   perReplica("sluice_replica_healthy", "1 when the replica's signals are fresh and it is reachable.", (r) =>
@@ -221,6 +309,8 @@ export function createMetrics(
       this.set({ state: "waiting" }, sessions.waiting);
       this.set({ state: "active" }, sessions.active);
       this.set({ state: "paused" }, sessions.paused);
+      this.set({ state: "idle" }, sessions.idle);
+      this.set({ state: "dormant" }, sessions.dormant);
     },
   });
 
@@ -254,6 +344,11 @@ export function createMetrics(
     labelNames: ["reason", "lane"],
     registers: [registry],
   });
+  for (const reason of REFUSAL_REASONS) {
+    for (const lane of reason === "overflow" ? ["overflow"] : [...LANES, NO_LANE])
+      rejections.inc({ reason, lane }, 0);
+  }
+  for (const lane of [...LANES, NO_LANE, "overflow"]) requests.inc({ lane, outcome: "rejected" }, 0);
   const inputTokens = new Histogram({
     name: "sluice_input_tokens",
     help: "Input tokens per call, by lane.",
@@ -294,10 +389,101 @@ export function createMetrics(
       histogram.zero({ lane });
   }
 
+  const retention = new Histogram({
+    name: "sluice_session_retention_seconds",
+    help: "Retention times given to idle sessions (how long one keeps its place before it may go dormant), seconds.",
+    labelNames: ["replica"],
+    buckets: [...RETENTION_BUCKETS],
+    registers: [registry],
+  });
+  const dormancies = new Counter({
+    name: "sluice_session_dormancies_total",
+    help: "Idle sessions that went dormant (left the window, kept their pin), per replica.",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  const windowChanges = new Counter({
+    name: "sluice_session_window_changes_total",
+    help: "Changes of a replica's window W by the window law, by direction.",
+    labelNames: ["replica", "action"],
+    registers: [registry],
+  });
+  const e2e = new Histogram({
+    name: "sluice_e2e_request_latency_seconds",
+    help: "Duration of a call that ran to its end, from arrival at sluice to its last byte, seconds.",
+    labelNames: ["lane", "model"],
+    buckets: [...E2E_BUCKETS],
+    registers: [registry],
+  });
+  const perOutputToken = new Histogram({
+    name: "sluice_time_per_output_token_seconds",
+    help: "Mean time per generated token after the first, one observation per call, seconds.",
+    labelNames: ["lane"],
+    buckets: [...INTER_TOKEN_BUCKETS],
+    registers: [registry],
+  });
+  const generationTokens = new Counter({
+    name: "sluice_generation_tokens_total",
+    help: "Tokens generated by calls that ran to their end.",
+    labelNames: ["lane", "model"],
+    registers: [registry],
+  });
+  const promptTokensServed = new Counter({
+    name: "sluice_prompt_tokens_total",
+    help: "Prompt tokens of calls that ran to their end.",
+    labelNames: ["lane", "model"],
+    registers: [registry],
+  });
+  const cacheQueries = new Counter({
+    name: "sluice_replica_prefix_cache_queries_tokens_total",
+    help: "Prompt tokens looked up in a replica's prefix cache (calls that ran to their end).",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  const cacheHits = new Counter({
+    name: "sluice_replica_prefix_cache_hits_tokens_total",
+    help: "Prompt tokens a replica served from its prefix cache (calls that ran to their end).",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  const routePredictedByReplica = new Counter({
+    name: "sluice_route_replica_predicted_hit_tokens_total",
+    help: "Prompt tokens the router predicted cached, per chosen replica.",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  const routePromptByReplica = new Counter({
+    name: "sluice_route_replica_prompt_tokens_total",
+    help: "Prompt tokens of routed calls, per chosen replica.",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  for (const lane of LANES) perOutputToken.zero({ lane });
+  // Per-replica series start at zero for every replica known at start-up.
+  for (const replica of scheduler.state().replicas) {
+    const labels = { replica: replica.id };
+    retention.zero(labels);
+    dormancies.inc(labels, 0);
+    cacheQueries.inc(labels, 0);
+    cacheHits.inc(labels, 0);
+    routePredictedByReplica.inc(labels, 0);
+    routePromptByReplica.inc(labels, 0);
+    for (const action of ["increase", "decrease"]) windowChanges.inc({ ...labels, action }, 0);
+  }
+
   const recordRefusal = (e: { reason: string; lane: LaneClass | undefined }) => {
     const lane = e.lane ?? NO_LANE;
     rejections.inc({ reason: e.reason, lane });
     requests.inc({ lane, outcome: "rejected" });
+  };
+
+  const recordCompletion = (e: CompletedCall) => {
+    const labels = { lane: e.lane, model: e.model };
+    e2e.observe(labels, Math.max(0, e.durationMs) / 1000);
+    generationTokens.inc(labels, Math.max(0, e.completionTokens));
+    promptTokensServed.inc(labels, Math.max(0, e.promptTokens));
+    cacheQueries.inc({ replica: e.replica }, Math.max(0, e.promptTokens));
+    cacheHits.inc({ replica: e.replica }, Math.max(0, Math.min(e.cachedTokens, e.promptTokens)));
   };
 
   const events: SchedulerEvents = {
@@ -312,6 +498,8 @@ export function createMetrics(
       routeDecisions.inc({ reason: e.reason });
       predictedHit.inc(Math.max(0, e.predictedHitTokens));
       promptTokens.inc(Math.max(0, e.promptTokens));
+      routePredictedByReplica.inc({ replica: e.replica }, Math.max(0, e.predictedHitTokens));
+      routePromptByReplica.inc({ replica: e.replica }, Math.max(0, e.promptTokens));
     },
     admitted(e) {
       queueWait.observe({ lane: e.lane }, Math.max(0, e.queueWaitMs) / 1000);
@@ -321,12 +509,22 @@ export function createMetrics(
     },
     interToken(e) {
       interToken.observe({ lane: e.lane }, Math.max(0, e.meanGapMs) / 1000);
+      perOutputToken.observe({ lane: e.lane }, Math.max(0, e.meanGapMs) / 1000);
     },
     finished(e) {
       requests.inc({ lane: e.lane, outcome: e.outcome });
     },
+    session(e) {
+      if (e.event === "dormant" && e.replica !== null) dormancies.inc({ replica: e.replica });
+    },
+    retention(e) {
+      retention.observe({ replica: e.replica }, Math.max(0, e.retentionMs) / 1000);
+    },
+    window(e) {
+      windowChanges.inc({ replica: e.replica, action: e.action });
+    },
   };
   scheduler.addEvents(events);
 
-  return { registry, events, recordRefusal };
+  return { registry, events, recordRefusal, recordCompletion };
 }

@@ -21,22 +21,22 @@ import {
 } from "nats";
 import type { EngineChunk, EngineResult } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { checkSessionId } from "../../src/sessions/session-id.js";
 import type {
   AdmittedCall,
   CallRequest,
   ChatMessage,
-  Lane,
   LaneClass,
   OpenSessionInit,
   SchedulerEvents,
   SessionView,
 } from "../../src/types.js";
-import { collectCall } from "../http/call-response.js";
-import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../http/openai-format.js";
 import { DEFAULT_BODY_LIMIT_BYTES, jsonDepthExceeds, MAX_JSON_DEPTH } from "../http/read-body.js";
-import { sanitizeRequestId } from "../http/request-id.js";
-import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../http/schemas.js";
-import { expectedIdleMsOf } from "../protocol/call-headers.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import { collectCall } from "../openai-api/call-response.js";
+import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../openai-api/openai-format.js";
+import { sanitizeRequestId } from "../openai-api/request-id.js";
+import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../openai-api/schemas.js";
 import {
   type FrontendRequestKind,
   frontendSubject,
@@ -145,7 +145,6 @@ const LEAVE_TIMEOUT_MS = 2000;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-const LANES: readonly Lane[] = ["interactive", "bulk"];
 
 function positiveOption(name: string, value: number): number {
   if (!(Number.isFinite(value) && value > 0))
@@ -162,47 +161,8 @@ function isTrue(value: string | undefined): boolean {
   return value !== undefined && /^(true|1|yes)$/i.test(value.trim());
 }
 
-function declaredLaneOf(value: string | undefined): Lane | undefined {
-  if (value === undefined) return undefined;
-  const lane = value.trim().toLowerCase();
-  if ((LANES as readonly string[]).includes(lane)) return lane as Lane;
-  throw new Refusal(
-    "invalid_request",
-    `${HEADERS.lane} must be "interactive" or "bulk", got ${JSON.stringify(value)}`,
-    {
-      param: HEADERS.lane,
-    },
-  );
-}
-
-function positiveMsHeader(name: string, value: string | undefined): number | undefined {
-  if (value === undefined) return undefined;
-  const ms = Number(value.trim());
-  if (value.trim() === "" || !Number.isFinite(ms) || ms <= 0) {
-    throw new Refusal(
-      "invalid_request",
-      `${name} must be a positive number of milliseconds, got ${JSON.stringify(value)}`,
-      {
-        param: name,
-      },
-    );
-  }
-  return ms;
-}
-
 function sessionIdOf(value: string | undefined): string | undefined {
-  if (value === undefined) return undefined;
-  const id = value.trim();
-  if (id.length === 0 || id.length > 256 || !/^[\x21-\x7e]+$/.test(id)) {
-    throw new Refusal(
-      "invalid_request",
-      `${HEADERS.session} must be 1–256 printable ASCII characters without spaces`,
-      {
-        param: HEADERS.session,
-      },
-    );
-  }
-  return id;
+  return value === undefined ? undefined : checkSessionId(value.trim(), HEADERS.session);
 }
 
 function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unknown {
@@ -377,10 +337,10 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
           scope: "fleet",
         });
       }
-      const declaredLane = declaredLaneOf(headerOf(msg, HEADERS.lane));
-      const deadlineMs = positiveMsHeader(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
+      const declaredLane = declaredLaneOf(HEADERS.lane, headerOf(msg, HEADERS.lane));
+      const deadlineMs = positiveMsOf(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
       const expectedIdleMs = expectedIdleMsOf(HEADERS.expectedIdleMs, headerOf(msg, HEADERS.expectedIdleMs));
-      const statedTimeout = positiveMsHeader(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
+      const statedTimeout = positiveMsOf(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
       const sessionId = sessionIdOf(headerOf(msg, HEADERS.session));
       const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
       streamMode = streamMode || body.stream === true;

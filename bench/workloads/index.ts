@@ -39,6 +39,83 @@ const AGENTS = {
   seed: 1,
 } as const;
 
+/** `agents` with every session's draw from one of three size classes (SPEC 13's `agents-mixed`). */
+const AGENTS_MIXED = {
+  ...AGENTS,
+  classes: [
+    { name: "small", share: 0.6, tool_output_tokens: [50, 300] },
+    { name: "medium", share: 0.2, tool_output_tokens: [300, 2000] },
+    { name: "large", share: 0.2, tool_output_tokens: [1000, 6000] },
+  ],
+} as const;
+
+/**
+ * The regimes where admission must not cost users (SPEC 13): each one an
+ * agents spec, sized so every policy runs in seconds of wall time.
+ */
+const REGIMES = {
+  burst: {
+    kind: "agents",
+    sessions: 300,
+    steps: [1, 1],
+    system_prompt_tokens: 800,
+    tool_output_tokens: [100, 1000],
+    output_tokens: [32, 128],
+    tool_wait_s: [0, 0],
+    arrival: "batch",
+    slo: { ttft_s: 5, tpot_s: 0.1 },
+    seed: 1,
+  },
+  light: {
+    kind: "agents",
+    sessions: 40,
+    steps: [5, 10],
+    system_prompt_tokens: 2000,
+    tool_output_tokens: [200, 1500],
+    output_tokens: [50, 300],
+    tool_wait_s: [5, 30],
+    arrival: { rate_per_s: 0.2 },
+    slo: { ttft_s: 2, tpot_s: 0.1 },
+    seed: 1,
+  },
+  steady: {
+    kind: "agents",
+    sessions: 200,
+    steps: [5, 5],
+    system_prompt_tokens: 2000,
+    tool_output_tokens: [300, 2000],
+    output_tokens: [100, 400],
+    tool_wait_s: [1, 5],
+    arrival: { rate_per_s: 1 },
+    slo: { ttft_s: 2, tpot_s: 0.1 },
+    seed: 1,
+  },
+  long: {
+    kind: "agents",
+    sessions: 4,
+    steps: [40, 40],
+    system_prompt_tokens: 2000,
+    tool_output_tokens: [1000, 3000],
+    output_tokens: [100, 400],
+    tool_wait_s: [1, 5],
+    arrival: "batch",
+    slo: { ttft_s: 5, tpot_s: 0.1 },
+    seed: 1,
+  },
+  chat: {
+    kind: "agents",
+    sessions: 360,
+    steps: [3, 6],
+    system_prompt_tokens: 500,
+    tool_output_tokens: [20, 300],
+    output_tokens: [100, 500],
+    tool_wait_s: [10, 60],
+    arrival: { rate_per_s: 3 },
+    slo: { ttft_s: 2, tpot_s: 0.1 },
+    seed: 1,
+  },
+} as const;
+
 /**
  * Relative arrival rates of the `mixed` lanes (10 chat calls per document
  * job), before scaling to the fleet.
@@ -97,6 +174,50 @@ export const NAMED_WORKLOADS: Record<string, NamedWorkload> = {
     preset: "h100-llama3-8b",
     loads: [1],
     spec: () => parseWorkloadSpec({ ...structuredClone(AGENTS), sessions: 256 }, "agents-256"),
+  },
+  "agents-mixed": {
+    summary:
+      "64 ReAct sessions × 20 steps on 1 replica, tool outputs by class: 60 % 50–300, 20 % 300–2,000, 20 % 1,000–6,000",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(AGENTS_MIXED), "agents-mixed"),
+  },
+  burst: {
+    summary: "300 one-step sessions at once on 2 replicas (system prompt 800, output 32–128)",
+    replicas: 2,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(REGIMES.burst), "burst"),
+  },
+  light: {
+    summary:
+      "40 Poisson sessions (0.2/s) of 5–10 steps with 5–30 s tool waits on 1 replica, far below capacity",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(REGIMES.light), "light"),
+  },
+  steady: {
+    summary: "200 Poisson sessions (1/s) of 5 steps on 2 replicas, moderate load",
+    replicas: 2,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(REGIMES.steady), "steady"),
+  },
+  long: {
+    summary: "4 sessions × 40 steps with tool outputs of 1,000–3,000 tokens on 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(REGIMES.long), "long"),
+  },
+  chat: {
+    summary: "360 Poisson conversations (3/s) of 3–6 turns, think time 10–60 s, output 100–500, on 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () => parseWorkloadSpec(structuredClone(REGIMES.chat), "chat"),
   },
   mixed: {
     summary: "interactive chat + bulk documents, Poisson, load 1 = the fleet's ideal capacity",

@@ -32,8 +32,9 @@ interface TrieNode {
 }
 
 /**
- * Compiles a mooncake spec at an offered-load multiplier: arrival times are
- * divided by `load` (after the spec's `time_scale`). A request that extends an
+ * Compiles a mooncake spec at an offered-load multiplier: arrival times,
+ * counted from the trace's first timestamp, are divided by `load` (after the
+ * spec's `time_scale`). A request that extends an
  * earlier one (its conversation's previous turn) also waits until that turn
  * has completed — a user does not answer a reply they have not seen — so in
  * overload the replay slows down like real conversations do. Prompts are the
@@ -59,6 +60,10 @@ export function buildMooncakeWorkload(
       chained.add(request.sessionKey);
     }
   }
+  // A slice of a trace starts at its own first timestamp: the replay begins there, not after an idle wait as long as it.
+  let startMs = Number.POSITIVE_INFINITY;
+  for (const request of requests) if (request.arrivalMs < startMs) startMs = request.arrivalMs;
+  if (!Number.isFinite(startMs)) startMs = 0;
   const positionOf = new Map<number, number>();
   const root: TrieNode = { children: new Map() };
   const calls: PlannedCall[] = [];
@@ -83,7 +88,7 @@ export function buildMooncakeWorkload(
       index: calls.length,
       id: `${name}-${request.index}`,
       ...(chained.has(request.sessionKey) ? { sessionId: `${name}-c${request.sessionKey}` } : {}),
-      arrivalMs: request.arrivalMs / load,
+      arrivalMs: (request.arrivalMs - startMs) / load,
       gapMs: 0,
       extendsAfter: false,
       newTokens: () => expandMooncakeTokens(hashIds, inputLength),

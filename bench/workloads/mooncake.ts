@@ -56,7 +56,7 @@ export interface MooncakeLoadOptions {
 
 /**
  * Reads a Mooncake JSONL trace (`timestamp`, `input_length`, `output_length`,
- * `hash_ids`). A relative path is resolved from the repository root. Sessions
+ * `hash_ids`). A relative path is resolved from the repository root (or its nearest ancestor that has it). Sessions
  * are inferred as the traces README says: a request whose leading ids (at
  * least two) equal the ids of an earlier request's full blocks extends it
  * (the earlier request's partial last block is excluded: the next turn fills

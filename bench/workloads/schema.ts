@@ -29,6 +29,19 @@ const slo = z.strictObject({
   tpot_s: z.number().positive(),
 });
 
+/**
+ * One class of sessions of unequal size (SPEC 13.2 `classes`): its share of
+ * the sessions, and any of the agents ranges it overrides for them.
+ */
+const agentsClassSchema = z.strictObject({
+  share: z.number().positive().max(1),
+  name: z.string().min(1).optional(),
+  steps: positiveIntRange("steps").optional(),
+  tool_output_tokens: range("tool_output_tokens").optional(),
+  output_tokens: positiveIntRange("output_tokens").optional(),
+  tool_wait_s: range("tool_wait_s").optional(),
+});
+
 /** SPEC 13.2 `kind: "agents"`. Omitted fields take the SPEC's example values. */
 export const agentsSpecSchema = z.strictObject({
   kind: z.literal("agents"),
@@ -42,6 +55,14 @@ export const agentsSpecSchema = z.strictObject({
     .union([z.literal("batch"), z.strictObject({ rate_per_s: z.number().positive() })])
     .default("batch"),
   slo: slo.default({ ttft_s: 5, tpot_s: 0.1 }),
+  /** Sessions of unequal size; the sessions no class claims (1 − Σ share) take the ranges above. */
+  classes: z
+    .array(agentsClassSchema)
+    .min(1)
+    .refine((classes) => classes.reduce((sum, c) => sum + c.share, 0) <= 1 + 1e-9, {
+      message: "the shares of the classes must add up to at most 1",
+    })
+    .optional(),
   seed: z.number().int().default(1),
 });
 
@@ -77,6 +98,7 @@ export const workloadSpecSchema = z.discriminatedUnion("kind", [
 ]);
 
 export type AgentsSpec = z.output<typeof agentsSpecSchema>;
+export type AgentsClass = z.output<typeof agentsClassSchema>;
 export type MooncakeSpec = z.output<typeof mooncakeSpecSchema>;
 export type MixedSpec = z.output<typeof mixedSpecSchema>;
 export type WorkloadSpec = z.output<typeof workloadSpecSchema>;
@@ -84,7 +106,12 @@ export type WorkloadSpec = z.output<typeof workloadSpecSchema>;
 export type WorkloadSpecInput = z.input<typeof workloadSpecSchema>;
 
 function fieldPath(path: readonly PropertyKey[]): string {
-  return path.map((part) => (typeof part === "number" ? `[${part}]` : String(part))).join(".") || "(root)";
+  let out = "";
+  for (const part of path) {
+    if (typeof part === "number") out += `[${part}]`;
+    else out += out === "" ? String(part) : `.${String(part)}`;
+  }
+  return out || "(root)";
 }
 
 /** One line per problem, each naming the field: `unknown field "bulk.rate"`, `field "sessions": …`. */

@@ -1,6 +1,7 @@
 /** @module Feasibility: predicted time to first token against the call's and its lane's deadline (SPEC 5). */
 
 import { Refusal } from "../errors.js";
+import { predictTtftMs as placementTtftMs } from "../routing/placement.js";
 import type { Lane } from "../types.js";
 
 /** What a time-to-first-token prediction needs. Token counts, not request counts: one long prompt ahead weighs as much as many short ones. */
@@ -11,6 +12,8 @@ export interface TtftInput {
   ownPrefillTokens: number;
   /** The replica's measured prefill rate, tokens per second (> 0). */
   prefillTokensPerSecond: number;
+  /** The replica's KV usage 0–1, for the placement model's KV-pressure term. Default 0. */
+  kvUsage?: number;
   /** Expected wait before the call reaches the engine (session window, gate queue), ms. Default 0. */
   queueWaitMs?: number;
 }
@@ -21,17 +24,25 @@ function checkNonNegative(name: string, value: number): void {
   }
 }
 
-/** Predicted time to first token, ms: `(ahead + own) ÷ rate + queue wait`. */
+/**
+ * Predicted time to first token, ms: the one model placement scores replicas
+ * by (`routing/placement.ts`: prefill ahead and own over the measured rate,
+ * plus KV pressure), plus any queue wait expected before the engine.
+ */
 export function predictTtftMs(input: TtftInput): number {
   checkNonNegative("prefillTokensAhead", input.prefillTokensAhead);
   checkNonNegative("ownPrefillTokens", input.ownPrefillTokens);
-  const rate = input.prefillTokensPerSecond;
-  if (!(typeof rate === "number" && Number.isFinite(rate) && rate > 0)) {
-    throw new RangeError(`prefillTokensPerSecond should be a positive finite number, got ${rate}`);
-  }
   const queueWaitMs = input.queueWaitMs ?? 0;
   checkNonNegative("queueWaitMs", queueWaitMs);
-  return ((input.prefillTokensAhead + input.ownPrefillTokens) / rate) * 1000 + queueWaitMs;
+  return (
+    placementTtftMs({
+      uncachedPrefillTokens: input.ownPrefillTokens,
+      queuedPrefillTokens: input.prefillTokensAhead,
+      inflightPrefillTokens: 0,
+      prefillTokensPerSecond: input.prefillTokensPerSecond,
+      kvUsage: input.kvUsage ?? 0,
+    }) + queueWaitMs
+  );
 }
 
 /** What `checkDeadline` compares. */

@@ -1,6 +1,7 @@
 /** @module Resolves the gate's per-rank limits from flags, environment and the engine's capacity (SPEC 9). */
 
-import { ConfigError } from "./config-error.js";
+import { GATE_LIMIT_SETTINGS } from "./scheduler-settings.js";
+import { invalidFlag, resolveSetting } from "./settings.js";
 
 /** Per-rank gate limits: calls (`engineRequestLimit`, `engineRequestWaitingLimit`) and queue places. */
 export interface GateLimits {
@@ -26,47 +27,21 @@ export interface GateLimitsInput {
   warn?: (message: string) => void;
 }
 
-interface Setting {
-  key: keyof GateLimits;
-  flag: string;
-  canonical: string;
-  alias: string;
-  /** Smallest accepted value: 1 for engine limits, 0 for the queue. */
-  min: number;
-  /** Default from the engine's `max_num_seqs`. */
-  fromEngine: (maxNumSeqs: number) => number;
-  fallback: number;
-}
+/** The static default of each limit, before the engine reports its capacity. */
+const FALLBACK: GateLimits = {
+  engineRequestLimit: 10_000,
+  engineRequestWaitingLimit: 10_000,
+  requestQueueLimit: 20_000,
+};
 
-const SETTINGS: readonly Setting[] = [
-  {
-    key: "engineRequestLimit",
-    flag: "--engine-request-limit",
-    canonical: "SLUICE_ENGINE_REQUEST_LIMIT",
-    alias: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
-    min: 1,
-    fromEngine: (n) => n,
-    fallback: 10_000,
-  },
-  {
-    key: "engineRequestWaitingLimit",
-    flag: "--engine-request-waiting-limit",
-    canonical: "SLUICE_ENGINE_REQUEST_WAITING_LIMIT",
-    alias: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
-    min: 1,
-    fromEngine: (n) => n,
-    fallback: 10_000,
-  },
-  {
-    key: "requestQueueLimit",
-    flag: "--request-queue-limit",
-    canonical: "SLUICE_REQUEST_QUEUE_LIMIT",
-    alias: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
-    min: 0,
-    fromEngine: (n) => 2 * n,
-    fallback: 20_000,
-  },
-];
+/** Defaults from the engine's `max_num_seqs`: limits = n, queue = 2n. */
+const FROM_ENGINE: Record<keyof GateLimits, (maxNumSeqs: number) => number> = {
+  engineRequestLimit: (n) => n,
+  engineRequestWaitingLimit: (n) => n,
+  requestQueueLimit: (n) => 2 * n,
+};
+
+const KEYS = Object.keys(GATE_LIMIT_SETTINGS) as (keyof GateLimits)[];
 
 /** The flag, canonical variable and Dynamo alias of each limit, for help texts and docs. */
 export const GATE_LIMIT_SOURCES: ReadonlyArray<{
@@ -74,22 +49,33 @@ export const GATE_LIMIT_SOURCES: ReadonlyArray<{
   flag: string;
   env: string;
   alias: string;
-}> = SETTINGS.map(({ key, flag, canonical, alias }) => ({ key, flag, env: canonical, alias }));
+}> = KEYS.map((key) => {
+  const setting = GATE_LIMIT_SETTINGS[key];
+  return { key, flag: `--${setting.flag}`, env: setting.env!, alias: setting.alias! };
+});
 
-/**
- * Parses a whole number written in decimal digits, spaces around it allowed.
- * Returns undefined for anything else (signs, fractions, exponents, empty).
- */
-function parseCount(raw: string, min: number): number | undefined {
-  const text = raw.trim();
-  if (!/^[0-9]+$/.test(text)) return undefined;
-  const value = Number(text);
-  if (!Number.isSafeInteger(value) || value < min) return undefined;
-  return value;
+function usableMaxNumSeqs(maxNumSeqs: number | undefined): number | undefined {
+  return typeof maxNumSeqs === "number" && Number.isSafeInteger(maxNumSeqs) && maxNumSeqs >= 1
+    ? maxNumSeqs
+    : undefined;
 }
 
-function expectation(min: number): string {
-  return min >= 1 ? "a positive integer" : "a non-negative integer";
+/**
+ * The limits from values already validated (the scheduler configuration):
+ * each given value stays fixed, the others follow the engine's `maxNumSeqs`,
+ * else 10000 / 10000 / 20000.
+ */
+export function gateLimitsFromConfig(
+  configured: Partial<GateLimits>,
+  engine: { maxNumSeqs?: number } = {},
+): GateLimits {
+  const maxNumSeqs = usableMaxNumSeqs(engine.maxNumSeqs);
+  const limits = {} as GateLimits;
+  for (const key of KEYS) {
+    limits[key] =
+      configured[key] ?? (maxNumSeqs !== undefined ? FROM_ENGINE[key](maxNumSeqs) : FALLBACK[key]);
+  }
+  return limits;
 }
 
 /**
@@ -107,17 +93,22 @@ export function resolveGateLimitsWithSources(input: GateLimitsInput = {}): {
   const flags = input.flags ?? {};
   const env = input.env ?? {};
   const warn = input.warn ?? (() => {});
-  const maxNumSeqs = input.engine?.maxNumSeqs;
-  const engineKnown = typeof maxNumSeqs === "number" && Number.isSafeInteger(maxNumSeqs) && maxNumSeqs >= 1;
-
-  const limits = {} as GateLimits;
+  const maxNumSeqs = usableMaxNumSeqs(input.engine?.maxNumSeqs);
+  const configured: Partial<GateLimits> = {};
   const sources = {} as Record<keyof GateLimits, GateLimitSource>;
-  for (const setting of SETTINGS) {
-    const resolved = resolveOne(setting, flags[setting.key], env, warn, engineKnown ? maxNumSeqs : undefined);
-    limits[setting.key] = resolved.value;
-    sources[setting.key] = resolved.source;
+  for (const key of KEYS) {
+    const flag = flags[key];
+    // A flag that is not text (a caller passing a number) is invalid, as any other bad flag.
+    if (flag !== undefined && typeof flag !== "string")
+      throw invalidFlag(GATE_LIMIT_SETTINGS[key], String(flag));
+    const found = resolveSetting(GATE_LIMIT_SETTINGS[key], flag, env, warn);
+    if (found) configured[key] = found.value as number;
+    sources[key] = found ? found.source : maxNumSeqs !== undefined ? "engine" : "default";
   }
-  return { limits, sources };
+  return {
+    limits: gateLimitsFromConfig(configured, { ...(maxNumSeqs !== undefined ? { maxNumSeqs } : {}) }),
+    sources,
+  };
 }
 
 /**
@@ -128,38 +119,4 @@ export function resolveGateLimitsWithSources(input: GateLimitsInput = {}): {
  */
 export function resolveGateLimits(input: GateLimitsInput = {}): GateLimits {
   return resolveGateLimitsWithSources(input).limits;
-}
-
-function resolveOne(
-  setting: Setting,
-  flagValue: string | undefined,
-  env: Record<string, string | undefined>,
-  warn: (message: string) => void,
-  maxNumSeqs: number | undefined,
-): { value: number; source: GateLimitSource } {
-  if (flagValue !== undefined) {
-    const value = typeof flagValue === "string" ? parseCount(flagValue, setting.min) : undefined;
-    if (value === undefined) {
-      throw new ConfigError(
-        `${setting.flag} takes ${expectation(setting.min)}, got ${JSON.stringify(flagValue)}`,
-        { flag: setting.flag, value: flagValue },
-      );
-    }
-    return { value, source: "flag" };
-  }
-  for (const [variable, source] of [
-    [setting.canonical, "env"],
-    [setting.alias, "alias"],
-  ] as const) {
-    const raw = env[variable];
-    if (raw === undefined) continue;
-    const value = parseCount(raw, setting.min);
-    if (value !== undefined) return { value, source };
-    warn(
-      `ignoring ${variable}=${JSON.stringify(raw)}: expected ${expectation(setting.min)}; ` +
-        `falling back to ${source === "env" ? `${setting.alias} or the default` : "the default"}`,
-    );
-  }
-  if (maxNumSeqs !== undefined) return { value: setting.fromEngine(maxNumSeqs), source: "engine" };
-  return { value: setting.fallback, source: "default" };
 }

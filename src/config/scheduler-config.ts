@@ -1,6 +1,15 @@
-/** @module The scheduler's configuration: one zod schema with every default, validated once at start-up. */
+/**
+ * @module The scheduler's configuration: one zod schema with every default,
+ * validated once at start-up. Where a component exports its own defaults
+ * (the AIMD law, the lanes, staleness), the schema takes them from there, so
+ * each default is written once. The command line, the variables and
+ * docs/configuration.md are derived from this schema (scheduler-settings.ts).
+ */
 
 import { z } from "zod";
+import { DEFAULT_LANE_LIMITS } from "../budget/classify-lane.js";
+import { DEFAULT_AIMD_OPTIONS } from "../sessions/aimd-window.js";
+import { DEFAULT_STALE_AFTER_MS } from "../signals/staleness.js";
 
 const positiveInt = z.number().int().positive();
 const nonNegativeInt = z.number().int().nonnegative();
@@ -43,8 +52,8 @@ export const schedulerConfigSchema = z.strictObject({
     .prefault({}),
   lanes: z
     .strictObject({
-      interactiveMaxInputTokens: positiveInt.default(4096),
-      interactiveMaxOutputTokens: positiveInt.default(1024),
+      interactiveMaxInputTokens: positiveInt.default(DEFAULT_LANE_LIMITS.interactiveMaxInputTokens),
+      interactiveMaxOutputTokens: positiveInt.default(DEFAULT_LANE_LIMITS.interactiveMaxOutputTokens),
       /** Largest input + max_tokens of any call; undefined takes the context window. */
       bulkMaxTotalTokens: positiveInt.optional(),
       interactive: laneQueue.partial().prefault({}),
@@ -66,14 +75,14 @@ export const schedulerConfigSchema = z.strictObject({
       /** `tokens`: SPEC 6's token window; `sessions`: CONCUR's session-count law (also policy `concur`). */
       unit: z.enum(WINDOW_UNITS).default("tokens"),
       /** Session-count law: window before the first control step, sessions. */
-      initial: positiveInt.default(8),
-      min: positiveInt.default(1),
-      max: positiveInt.default(1024),
-      increase: positiveInt.default(2),
-      decrease: z.number().gt(0).lt(1).default(0.5),
-      kvLow: fraction.default(0.2),
-      kvHigh: fraction.default(0.5),
-      hitLow: fraction.default(0.2),
+      initial: positiveInt.default(DEFAULT_AIMD_OPTIONS.initial),
+      min: positiveInt.default(DEFAULT_AIMD_OPTIONS.min),
+      max: positiveInt.default(DEFAULT_AIMD_OPTIONS.max),
+      increase: positiveInt.default(DEFAULT_AIMD_OPTIONS.increase),
+      decrease: z.number().gt(0).lt(1).default(DEFAULT_AIMD_OPTIONS.decrease),
+      kvLow: fraction.default(DEFAULT_AIMD_OPTIONS.kvLow),
+      kvHigh: fraction.default(DEFAULT_AIMD_OPTIONS.kvHigh),
+      hitLow: fraction.default(DEFAULT_AIMD_OPTIONS.hitLow),
       /** Token law: first W, tokens; undefined: the replica's KV capacity less the guard band. */
       initialTokens: positiveInt.optional(),
       /** Token law: smallest W, tokens; undefined: the largest single footprint. */
@@ -93,7 +102,7 @@ export const schedulerConfigSchema = z.strictObject({
       queueLimit: nonNegativeInt.default(1024),
       waitLimitMs: ms.default(600_000),
       staleSignals: z.enum(["closed", "open"]).default("closed"),
-      staleAfterMs: z.number().positive().default(5000),
+      staleAfterMs: z.number().positive().default(DEFAULT_STALE_AFTER_MS),
     })
     .prefault({}),
   routing: z
@@ -144,6 +153,10 @@ export function resolveSchedulerConfig(input: SchedulerConfigInput = {}): Schedu
     throw new RangeError(
       `window.initial (${config.window.initial}) must be within window.min (${config.window.min}) and window.max (${config.window.max})`,
     );
+  }
+  const { minTokens, maxTokens } = config.window;
+  if (minTokens !== undefined && maxTokens !== undefined && minTokens > maxTokens) {
+    throw new RangeError(`window.minTokens (${minTokens}) must not exceed window.maxTokens (${maxTokens})`);
   }
   if (config.window.kvLow > config.window.kvHigh) {
     throw new RangeError(

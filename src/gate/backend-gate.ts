@@ -48,6 +48,13 @@ export interface BackendGateOptions {
   overloadStatus?: number;
   /** Window the completion rate behind `Retry-After` is measured over, ms. Default 30 000. */
   drainWindowMs?: number;
+  /**
+   * The replica's one drain estimate, shared with whoever else answers
+   * Retry-After for it (the scheduler's token budget and session queue), so
+   * every refusal from one replica is timed by one rate. The gate records
+   * every call that ends. Default: its own.
+   */
+  drain?: DrainEstimator;
 }
 
 export interface AcquireRequest {
@@ -354,11 +361,12 @@ export class BackendGate {
     this.requestQueueLimit = checkInteger("requestQueueLimit", options.requestQueueLimit, 0);
     this.ranksKnownValue = options.ranks !== undefined;
     this.rankCountValue = options.ranks === undefined ? 1 : checkInteger("ranks", options.ranks, 1);
-    this.overloadStatus = checkInteger("overloadStatus", options.overloadStatus ?? 529, 100);
+    this.overloadStatus = checkInteger("overloadStatus", options.overloadStatus ?? 529, 400);
     if (this.overloadStatus > 599)
       throw new RangeError(`overloadStatus must be ≤ 599, got ${this.overloadStatus}`);
     this.clock = options.clock ?? realClock;
-    this.completions = new DrainEstimator({ clock: this.clock, windowMs: options.drainWindowMs ?? 30_000 });
+    this.completions =
+      options.drain ?? new DrainEstimator({ clock: this.clock, windowMs: options.drainWindowMs ?? 30_000 });
     if (options.lanes !== undefined) {
       this.lanes = resolveLanes(options.lanes);
       this.shares = new ShareWindow(this.lanes.windowMs);

@@ -3,6 +3,7 @@
  * Pure functions over a snapshot; the router owns the state (indexes, pins, busy marks).
  */
 
+import type { FleetPrefixIndex } from "./fleet-prefix-index.js";
 import type { PrefixIndex } from "./prefix-index.js";
 
 /** What the TTFT prediction needs to know about one replica. */
@@ -38,8 +39,23 @@ const KV_USAGE_CAP = 0.999;
  * @throws RangeError when the rate is not a positive finite number or a count is negative
  */
 export function predictTtftMs(candidate: TtftInput): number {
-  const { uncachedPrefillTokens, queuedPrefillTokens, inflightPrefillTokens, prefillTokensPerSecond } =
-    candidate;
+  return ttftMs(
+    candidate.uncachedPrefillTokens,
+    candidate.queuedPrefillTokens,
+    candidate.inflightPrefillTokens,
+    candidate.prefillTokensPerSecond,
+    candidate.kvUsage,
+  );
+}
+
+/** {@link predictTtftMs} over plain numbers: placement scores a whole fleet without an object per replica. */
+function ttftMs(
+  uncachedPrefillTokens: number,
+  queuedPrefillTokens: number,
+  inflightPrefillTokens: number,
+  prefillTokensPerSecond: number,
+  kvUsage: number,
+): number {
   if (!(prefillTokensPerSecond > 0) || !Number.isFinite(prefillTokensPerSecond)) {
     throw new RangeError(`prefillTokensPerSecond should be a positive number, got ${prefillTokensPerSecond}`);
   }
@@ -50,7 +66,7 @@ export function predictTtftMs(candidate: TtftInput): number {
   }
   const prefillMs =
     ((uncachedPrefillTokens + queuedPrefillTokens + inflightPrefillTokens) / prefillTokensPerSecond) * 1000;
-  return prefillMs + kvPressureMs(candidate.kvUsage);
+  return prefillMs + kvPressureMs(kvUsage);
 }
 
 /** The KV-pressure term alone, ms (0 for usage ≤ 0 or not a number). */
@@ -63,8 +79,11 @@ export function kvPressureMs(kvUsage: number): number {
 /** One replica as placement sees it. */
 export interface PlacementCandidate {
   id: string;
-  /** Its prefix index; null when the router keeps none (e.g. the baselines). */
-  index: PrefixIndex | null;
+  /**
+   * Its own prefix index, consulted when the input carries no fleet index; null or absent when the
+   * router keeps none (e.g. the baselines).
+   */
+  index?: PrefixIndex | null;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
   prefillTokensPerSecond: number;
@@ -82,6 +101,11 @@ export interface PlacementInput {
   /** The replica the session is pinned to, if any. */
   pinned?: string | undefined;
   candidates: readonly PlacementCandidate[];
+  /**
+   * The fleet-wide prefix index: one walk of `hashes` scores every candidate, and a pinned step
+   * that keeps its replica walks for that replica alone. When absent, each candidate's `index`.
+   */
+  fleetIndex?: FleetPrefixIndex | null | undefined;
   /** Tokens per block of `hashes`. */
   blockSize: number;
   /** KV usage at or above which a pinned replica loses the session. Default 0.85. */
@@ -102,30 +126,80 @@ export interface Placement {
   predictedTtftMs: number;
 }
 
+/** A candidate with its predicted hit and TTFT. */
 interface Scored {
   candidate: PlacementCandidate;
   hitTokens: number;
   ttftMs: number;
 }
 
-/** Lower TTFT first; then more cached tokens; then lower KV usage; then candidate order. */
-function better(x: Scored, y: Scored): boolean {
-  if (x.ttftMs !== y.ttftMs) return x.ttftMs < y.ttftMs;
-  if (x.hitTokens !== y.hitTokens) return x.hitTokens > y.hitTokens;
-  return x.candidate.kvUsage < y.candidate.kvUsage;
-}
-
-function bestOf(scored: readonly Scored[], except?: Scored): Scored | undefined {
-  let best: Scored | undefined;
-  for (const s of scored) {
-    if (s === except) continue;
-    if (best === undefined || better(s, best)) best = s;
-  }
-  return best;
+/** Lower TTFT first; then more cached tokens; then lower KV usage; then candidate order (the incumbent stays). */
+function beats(ttft: number, hitTokens: number, kvUsage: number, incumbent: Scored | undefined): boolean {
+  if (incumbent === undefined) return true;
+  if (ttft !== incumbent.ttftMs) return ttft < incumbent.ttftMs;
+  if (hitTokens !== incumbent.hitTokens) return hitTokens > incumbent.hitTokens;
+  return kvUsage < incumbent.candidate.kvUsage;
 }
 
 function choice(s: Scored, reason: PlacementReason): Placement {
   return { replica: s.candidate.id, reason, predictedHitTokens: s.hitTokens, predictedTtftMs: s.ttftMs };
+}
+
+function score(
+  candidate: PlacementCandidate,
+  blocks: number,
+  promptTokens: number,
+  blockSize: number,
+): Scored {
+  const hitTokens = Math.min(blocks * blockSize, promptTokens);
+  return { candidate, hitTokens, ttftMs: ttftOf(candidate, promptTokens - hitTokens) };
+}
+
+function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number): number {
+  return ttftMs(
+    uncachedPrefillTokens,
+    candidate.queuedPrefillTokens,
+    candidate.inflightPrefillTokens,
+    candidate.prefillTokensPerSecond,
+    candidate.kvUsage,
+  );
+}
+
+/** The affinity settings with their defaults, after checking every number of the input. */
+function checkedSettings(input: PlacementInput): { affinityBreakKv: number; affinityBreakMs: number } {
+  const { promptTokens, blockSize } = input;
+  const affinityBreakKv = input.affinityBreakKv ?? 0.85;
+  const affinityBreakMs = input.affinityBreakMs ?? 5000;
+  if (!(promptTokens >= 0)) throw new RangeError(`promptTokens should be ≥ 0, got ${promptTokens}`);
+  if (!Number.isInteger(blockSize) || blockSize < 1) {
+    throw new RangeError(`blockSize should be a positive integer, got ${blockSize}`);
+  }
+  if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
+  if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
+  return { affinityBreakKv, affinityBreakMs };
+}
+
+/**
+ * The pinned step's shortcut: the placement {@link choosePlacement} would return when the pinned
+ * replica keeps the session on its own merits — eligible, not busy, below `affinityBreakKv` and
+ * predicted within `affinityBreakMs` (no alternative's TTFT is below 0, so none can beat it by
+ * the margin) — else undefined, and the whole pool must be scored. Only the pinned candidate is
+ * read, so a caller may pass that one alone and build the others only when this returns undefined.
+ */
+export function keepPin(input: PlacementInput): Placement | undefined {
+  const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
+  if (pinned === undefined) return undefined;
+  const { affinityBreakKv, affinityBreakMs } = checkedSettings(input);
+  const home = candidates.find((c) => c.id === pinned);
+  if (!home?.eligible || home.busy || !(home.kvUsage < affinityBreakKv)) return undefined;
+  const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
+  const blocks = !usePrefix
+    ? 0
+    : fleetIndex !== null
+      ? fleetIndex.matchReplica(home.id, hashes)
+      : (home.index?.matchBlocks(hashes) ?? 0);
+  const scored = score(home, blocks, promptTokens, blockSize);
+  return scored.ttftMs <= affinityBreakMs ? choice(scored, "pinned") : undefined;
 }
 
 /**
@@ -140,45 +214,77 @@ function choice(s: Scored, reason: PlacementReason): Placement {
  *   ineligible, busy (while others are not) or gone also yields `affinity_break`.
  * - Otherwise the reason is `prefix` when the chosen replica is predicted to hold ≥ 1 block of
  *   the prompt, else `load`.
+ *
+ * Cost: a pinned replica that is eligible, not busy, below `affinityBreakKv` and predicted within
+ * `affinityBreakMs` keeps the session without any other replica being scored (no alternative's
+ * TTFT is below 0, so none can beat it by the margin). Otherwise every candidate in the pool is
+ * scored, from a single walk of the fleet index.
  */
 export function choosePlacement(input: PlacementInput): Placement | undefined {
   const { promptTokens, hashes, pinned, candidates, blockSize, usePrefix } = input;
-  const affinityBreakKv = input.affinityBreakKv ?? 0.85;
-  const affinityBreakMs = input.affinityBreakMs ?? 5000;
-  if (!(promptTokens >= 0)) throw new RangeError(`promptTokens should be ≥ 0, got ${promptTokens}`);
-  if (!Number.isInteger(blockSize) || blockSize < 1) {
-    throw new RangeError(`blockSize should be a positive integer, got ${blockSize}`);
+  const { affinityBreakKv, affinityBreakMs } = checkedSettings(input);
+  const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
+
+  if (pinned !== undefined) {
+    const kept = keepPin(input);
+    if (kept !== undefined) return kept;
   }
-  if (!(affinityBreakKv >= 0)) throw new RangeError(`affinityBreakKv should be ≥ 0, got ${affinityBreakKv}`);
-  if (!(affinityBreakMs >= 0)) throw new RangeError(`affinityBreakMs should be ≥ 0, got ${affinityBreakMs}`);
 
-  let pool = candidates.filter((c) => c.eligible && !c.busy);
-  if (pool.length === 0) pool = candidates.filter((c) => c.eligible);
-  if (pool.length === 0) return undefined;
+  let anyIdle = false;
+  let anyEligible = false;
+  for (const c of candidates) {
+    if (!c.eligible) continue;
+    anyEligible = true;
+    if (!c.busy) {
+      anyIdle = true;
+      break;
+    }
+  }
+  if (!anyEligible) return undefined;
 
-  const scored: Scored[] = pool.map((candidate) => {
-    const blocks = usePrefix && candidate.index !== null ? candidate.index.matchBlocks(hashes) : 0;
+  const matches = fleetIndex !== null && hashes.length > 0 ? fleetIndex.match(hashes) : null;
+  let best: Scored | undefined;
+  let home: Scored | undefined;
+  /** Best of the pool except the pinned replica. */
+  let alternative: Scored | undefined;
+  /** Best of the pool except the pinned replica, below the KV break threshold. */
+  let unsaturated: Scored | undefined;
+  for (const candidate of candidates) {
+    if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
+    const blocks = !usePrefix
+      ? 0
+      : fleetIndex !== null
+        ? (matches?.get(candidate.id) ?? 0)
+        : (candidate.index?.matchBlocks(hashes) ?? 0);
     const hitTokens = Math.min(blocks * blockSize, promptTokens);
-    const ttftMs = predictTtftMs({
-      uncachedPrefillTokens: promptTokens - hitTokens,
-      queuedPrefillTokens: candidate.queuedPrefillTokens,
-      inflightPrefillTokens: candidate.inflightPrefillTokens,
-      prefillTokensPerSecond: candidate.prefillTokensPerSecond,
-      kvUsage: candidate.kvUsage,
-    });
-    return { candidate, hitTokens, ttftMs };
-  });
-
-  const best = bestOf(scored)!;
+    const ttft = ttftOf(candidate, promptTokens - hitTokens);
+    const kv = candidate.kvUsage;
+    // A Scored object only for a candidate that leads something: no allocation per replica.
+    let s: Scored | undefined;
+    if (beats(ttft, hitTokens, kv, best)) {
+      s = { candidate, hitTokens, ttftMs: ttft };
+      best = s;
+    }
+    if (pinned === undefined) continue;
+    if (candidate.id === pinned && home === undefined) {
+      home = s ?? { candidate, hitTokens, ttftMs: ttft };
+      continue;
+    }
+    if (beats(ttft, hitTokens, kv, alternative)) {
+      s ??= { candidate, hitTokens, ttftMs: ttft };
+      alternative = s;
+    }
+    if (kv < affinityBreakKv && beats(ttft, hitTokens, kv, unsaturated)) {
+      s ??= { candidate, hitTokens, ttftMs: ttft };
+      unsaturated = s;
+    }
+  }
+  best = best!;
   if (pinned === undefined) return choice(best, best.hitTokens > 0 ? "prefix" : "load");
-
-  const home = scored.find((s) => s.candidate.id === pinned);
   if (home === undefined) return choice(best, "affinity_break");
-  const alternative = bestOf(scored, home);
   if (alternative === undefined) return choice(home, "pinned");
-  if (home.candidate.kvUsage >= affinityBreakKv) {
-    const unsaturated = bestOf(scored.filter((s) => s !== home && s.candidate.kvUsage < affinityBreakKv));
-    if (unsaturated !== undefined) return choice(unsaturated, "affinity_break");
+  if (home.candidate.kvUsage >= affinityBreakKv && unsaturated !== undefined) {
+    return choice(unsaturated, "affinity_break");
   }
   if (home.ttftMs - alternative.ttftMs > affinityBreakMs) return choice(alternative, "affinity_break");
   return choice(home, "pinned");

@@ -2,14 +2,14 @@
 
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
-import { resolveGateLimits } from "../config/gate-limits.js";
+import { gateLimitsFromConfig } from "../config/gate-limits.js";
 import type { PolicyFeatures } from "../config/policy-features.js";
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { LANE_DEFAULTS } from "../config/scheduler-config.js";
 import type { Engine, EngineSignals } from "../engine.js";
 import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
-import { PrefixIndex } from "../routing/prefix-index.js";
+import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
 import { HitRateMeter } from "../signals/hit-rate.js";
@@ -29,20 +29,20 @@ export class ReplicaRuntime {
   readonly window: AimdWindow | null;
   /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
   tokenWindow: TokenWindow | null;
-  readonly index: PrefixIndex | null;
+  /** The fleet-wide prefix index this replica records into; null when the policy keeps none. */
+  readonly index: FleetPrefixIndex | null;
+  /** This replica's capacity in the prefix index, blocks (its KV capacity over the block size). */
+  indexCapacityBlocks: number;
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
-  busyUntil = Number.NEGATIVE_INFINITY;
+  private busyUntil = Number.NEGATIVE_INFINITY;
   /** When a call last found the engine unreachable (clock ms). */
   private unreachableAt = Number.NEGATIVE_INFINITY;
-  /** Uncached prompt tokens of calls waiting in the gate queue. */
-  queuedPrefillTokens = 0;
-  /** Uncached prompt tokens of admitted calls that have no first token yet. */
-  inflightPrefillTokens = 0;
-  /** Calls forwarded to the engine and not yet ended. */
-  running = 0;
-  /** Completion rate, for the drain estimate behind Retry-After. */
+  private queuedPrefill = 0;
+  private inflightPrefill = 0;
+  private runningCalls = 0;
+  /** The replica's one completion rate behind every Retry-After (the gate's 529 and 429s, the budget's, the session queue's). */
   private readonly completions: DrainEstimator;
   private signalsSeen: EngineSignals;
   private reportedMaxNumSeqs = 0;
@@ -52,6 +52,7 @@ export class ReplicaRuntime {
     clock: Clock,
     private readonly config: SchedulerConfig,
     features: PolicyFeatures,
+    fleetIndex: FleetPrefixIndex | null = null,
   ) {
     this.id = engine.id;
     this.engine = engine;
@@ -74,6 +75,7 @@ export class ReplicaRuntime {
         ...(lanes ? { lanes } : {}),
         clock,
         overloadStatus: config.gate.overloadStatus,
+        drain: this.completions,
       });
     } else {
       this.gate = null;
@@ -86,12 +88,11 @@ export class ReplicaRuntime {
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
-    this.index =
-      features.placement === "prefix"
-        ? new PrefixIndex(
-            Math.max(1, Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize)),
-          )
-        : null;
+    this.index = features.placement === "prefix" ? fleetIndex : null;
+    this.indexCapacityBlocks = Math.max(
+      1,
+      Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize),
+    );
   }
 
   /** The latest signals the engine reported. */
@@ -106,7 +107,9 @@ export class ReplicaRuntime {
 
   /** Healthy by its signals, and not found unreachable by a call since they were read. */
   healthy(): boolean {
-    return this.signalsSeen.healthy && !(this.unreachableAt >= this.signalsSeen.readAtMs);
+    const unreachable =
+      this.unreachableAt > Number.NEGATIVE_INFINITY && this.unreachableAt >= this.signalsSeen.readAtMs;
+    return this.signalsSeen.healthy && !unreachable;
   }
 
   /** A call could not reach the engine: unhealthy until signals read after now say otherwise. */
@@ -116,6 +119,56 @@ export class ReplicaRuntime {
 
   busy(now: number): boolean {
     return now < this.busyUntil;
+  }
+
+  /** A worker-wide rejection: no new calls are routed here until `until` (clock ms) unless every replica is busy. */
+  markBusy(until: number): void {
+    this.busyUntil = Math.max(this.busyUntil, until);
+  }
+
+  /** Uncached prompt tokens of calls waiting in the gate queue. */
+  get queuedPrefillTokens(): number {
+    return this.queuedPrefill;
+  }
+
+  /** Uncached prompt tokens of admitted calls that have no first token yet. */
+  get inflightPrefillTokens(): number {
+    return this.inflightPrefill;
+  }
+
+  /** Calls forwarded to the engine and not yet ended. */
+  get running(): number {
+    return this.runningCalls;
+  }
+
+  /** A call's uncached prefill waits in the gate queue. */
+  queuePrefill(tokens: number): void {
+    this.queuedPrefill += tokens;
+  }
+
+  /** It left the gate queue (admitted, refused or cancelled). */
+  dequeuePrefill(tokens: number): void {
+    this.queuedPrefill -= tokens;
+  }
+
+  /** A call's uncached prefill reached the engine. */
+  startPrefill(tokens: number): void {
+    this.inflightPrefill += tokens;
+  }
+
+  /** Its first token came, or it ended before one. */
+  endPrefill(tokens: number): void {
+    this.inflightPrefill -= tokens;
+  }
+
+  /** A call was forwarded to the engine. */
+  callStarted(): void {
+    this.runningCalls++;
+  }
+
+  /** A forwarded call ended. */
+  callEnded(): void {
+    this.runningCalls--;
   }
 
   /** Reads fresh signals and lets gate limits, ranks, budget ceiling and index size follow the engine. */
@@ -141,7 +194,10 @@ export class ReplicaRuntime {
     }
     if (this.index && signals.kvCapacityTokens > 0) {
       const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
-      if (blocks !== this.index.capacity) this.index.resize(blocks);
+      if (blocks !== this.indexCapacityBlocks) {
+        this.indexCapacityBlocks = blocks;
+        this.index.resize(this.id, blocks);
+      }
     }
     return signals;
   }
@@ -158,9 +214,9 @@ export class ReplicaRuntime {
     return best.rank;
   }
 
-  /** Records a completed call, for the drain-rate estimate. */
+  /** Records a call that ended, for the drain-rate estimate (a gate, where there is one, records its own calls). */
   recordCompletion(): void {
-    this.completions.record();
+    if (!this.gate) this.completions.record();
   }
 
   /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */
@@ -200,16 +256,7 @@ export class ReplicaRuntime {
   }
 
   private gateLimits(maxNumSeqs: number) {
-    const flag = (value: number | undefined) => (value === undefined ? undefined : String(value));
-    return resolveGateLimits({
-      flags: {
-        engineRequestLimit: flag(this.config.gate.engineRequestLimit),
-        engineRequestWaitingLimit: flag(this.config.gate.engineRequestWaitingLimit),
-        requestQueueLimit: flag(this.config.gate.requestQueueLimit),
-      },
-      env: {},
-      ...(maxNumSeqs > 0 ? { engine: { maxNumSeqs } } : {}),
-    });
+    return gateLimitsFromConfig(this.config.gate, maxNumSeqs > 0 ? { maxNumSeqs } : {});
   }
 
   private laneOptions() {

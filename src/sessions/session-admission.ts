@@ -172,6 +172,13 @@ export interface AdmissionCounts {
 /** Own idle gaps remembered per session; the fleet's. */
 const OWN_GAPS = 16;
 const FLEET_GAPS = 256;
+/**
+ * A retention is a high quantile of gaps seen; a gap just past it should not
+ * cost a session its place (and its cache, once others take the room). On
+ * `agents`, retention at the bare quantile made 58 sessions dormant moments
+ * before they came back (877 s); with this slack 20 (816 s).
+ */
+const RETENTION_SLACK = 1.5;
 /** Retention with nothing learned yet, as a share of the idle timeout. */
 const DEFAULT_RETENTION_SHARE = 1 / 4;
 
@@ -653,6 +660,7 @@ export class SessionAdmission {
       source = "default";
       retention = this.options.idleTimeoutMs * DEFAULT_RETENTION_SHARE;
     }
+    if (source === "own" || source === "fleet") retention *= RETENTION_SLACK;
     session.retentionMs = Math.min(this.options.idleTimeoutMs, Math.max(0, retention));
     if (this.unit === "tokens" && session.state === "active" && session.replica !== null) {
       this.options.onRetention?.(session.replica, session.retentionMs, source);
@@ -809,6 +817,18 @@ export class SessionAdmission {
   }
 
   /**
+   * Paused sessions in the order they resume. Session-count law: oldest pause
+   * first (CONCUR). Token window: the most recently paused first — its cache
+   * is the most likely still resident, while an older pause's was evicted
+   * already and costs the same recompute later; the aging rule in `fill`
+   * keeps the oldest from starving. On `agents` (seed 1): oldest first 914 s,
+   * hit rate 0.80; smallest footprint first 934 s; newest first 877 s, 0.85.
+   */
+  private resumeOrder(paused: readonly SessionRecord[]): readonly SessionRecord[] {
+    return this.unit === "sessions" ? paused : [...paused].reverse();
+  }
+
+  /**
    * While others wait for room, idle sessions past their retention go dormant:
    * they leave the window (their footprint stops counting) and keep their pin.
    */
@@ -854,8 +874,9 @@ export class SessionAdmission {
           if (this.starving(session) && this.fits(slots, session))
             this.activate(session, slots.id, "resumed");
         }
-        while (slots.paused.length > 0 && this.fits(slots, slots.paused[0])) {
-          this.activate(slots.paused[0]!, slots.id, "resumed");
+        for (const session of this.resumeOrder(slots.paused)) {
+          if (!this.fits(slots, session)) break;
+          this.activate(session, slots.id, "resumed");
         }
         for (const session of returningOrder(slots.dormant)) {
           if (!this.fits(slots, session)) break;

@@ -192,7 +192,13 @@ describe("report helpers", () => {
       ttft_p99_s: 0.2,
       tpot_p50_s: 0.01,
       tpot_p99_s: 0.02,
+      session_completion_mean_s: 4,
+      session_completion_p99_s: 9,
+      session_wait_mean_s: 0.5,
+      session_wait_p99_s: 2,
+      session_wait_max_s: 2.5,
       completed: 10,
+      refused_share: 0,
       rejected: { queue_full: 2 },
     };
     const lines = renderTable([row, { ...row, policy: "rr", rejected: {} }]).split("\n");

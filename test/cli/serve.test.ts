@@ -7,9 +7,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { SERVE_FLAGS, serveHelp, serveOptionsFromArgs } from "../../adapters/cli/serve.js";
+import { SERVE_SETTINGS, serveHelp, serveOptionsFromArgs } from "../../adapters/cli/serve.js";
 import { ConfigError } from "../../src/config/config-error.js";
 import { resolveSchedulerConfig } from "../../src/config/scheduler-config.js";
+import { defaultShown } from "../../src/config/settings.js";
 
 const SLUICE = fileURLToPath(new URL("../../adapters/cli/sluice.js", import.meta.url));
 
@@ -113,7 +114,7 @@ describe("flags", () => {
 
   test("gate limits not given stay unset, so they follow the engine's max_num_seqs", async () => {
     const o = await options([]);
-    assert.deepEqual(o.config?.gate, {});
+    assert.deepEqual(o.config, {});
   });
 
   test("environment variables fill in, flags win, Dynamo aliases work, bad env values only warn", async () => {
@@ -180,12 +181,15 @@ describe("flags", () => {
     await assert.rejects(options(["--api-keys", join(dir, "missing.json")]), /missing\.json/);
   });
 
-  test("--help lists every flag with its default", () => {
+  test("--help lists every flag with its placeholder, default and variable", () => {
     const help = serveHelp();
-    for (const [name, spec] of Object.entries(SERVE_FLAGS)) {
-      assert.match(help, new RegExp(`--${name}\\b`));
-      if (spec.default !== undefined) assert.ok(help.includes(`default ${spec.default}`), `${name} default`);
+    for (const setting of SERVE_SETTINGS) {
+      assert.ok(help.includes(`--${setting.flag} ${setting.placeholder}`), `--${setting.flag}`);
+      if (setting.env) assert.ok(help.includes(`env ${setting.env}`), setting.env);
+      const shown = defaultShown(setting);
+      if (shown !== undefined) assert.ok(help.includes(`default ${shown}`), `${setting.flag} default`);
     }
+    const flags = new Set(SERVE_SETTINGS.map((setting) => setting.flag));
     for (const flag of [
       "port",
       "host",
@@ -220,10 +224,16 @@ describe("flags", () => {
       "window-kv-low",
       "window-kv-high",
       "window-hit-low",
+      "window-unit",
+      "window-initial-tokens",
+      "window-min-tokens",
+      "window-max-tokens",
+      "window-increase-tokens",
+      "retention-quantile",
       "tokenizer",
-      "help",
+      "cors-origin",
     ]) {
-      assert.ok(flag in SERVE_FLAGS, `--${flag} is missing`);
+      assert.ok(flags.has(flag), `--${flag} is missing`);
     }
   });
 });

@@ -136,7 +136,7 @@ test("the command reads two fixture scrapes and prints the report (text and JSON
     encoding: "utf8",
   });
   assert.equal(badInterval.status, 2);
-  assert.match(badInterval.stderr, /--interval-s takes a positive number of seconds, got "soon"/);
+  assert.match(badInterval.stderr, /--interval-s takes a positive number, got "soon"/);
 });
 
 test("--url scrapes a live sluice twice and measures the load it saw", async () => {

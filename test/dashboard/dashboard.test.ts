@@ -9,10 +9,17 @@ import { type RunningServer, startServer } from "../../adapters/cli/serve.js";
 
 const CHROMIUM = "/usr/bin/chromium";
 const ARTIFACTS = fileURLToPath(new URL("../artifacts/", import.meta.url));
+/** Panels drawn from any live state (the token window panel needs a token window: see dashboard-history.test.ts). */
 const PANELS = [
   "panel-kv",
   "panel-hit",
-  "panel-window",
+  "panel-sessions",
+  "panel-budget",
+  "panel-fleet-hit",
+  "panel-latency",
+  "panel-throughput",
+  "panel-calls",
+  "panel-routes",
   "panel-gate",
   "panel-lanes",
   "panel-refusals",
@@ -93,8 +100,14 @@ test("the dashboard draws every chart from live state and keeps updating while l
   });
   assert.equal(refused.status, 413);
 
+  // Opened late: the server kept the history, so the first answer already holds several samples.
+  await new Promise((resolve) => setTimeout(resolve, 3500));
+  const openedAt = Date.now();
   await page.goto(`${server.url}/dashboard`);
-  await page.waitForFunction(() => Number(document.body.dataset.samples) >= 4, undefined, {
+  await page.waitForFunction(() => Number(document.body.dataset.polls) >= 1, undefined, { timeout: 20_000 });
+  const firstSample = Number(await page.getAttribute("body", "data-first-sample"));
+  assert.ok(firstSample <= openedAt - 2000, "the page shows history from before it was opened");
+  await page.waitForFunction(() => Number(document.body.dataset.samples) >= 6, undefined, {
     timeout: 20_000,
   });
 
@@ -105,19 +118,40 @@ test("the dashboard draws every chart from live state and keeps updating while l
   assert.equal(await page.locator("#panel-kv svg.chart line.threshold").count(), 2, "U_low and U_high lines");
   assert.equal(await page.locator("#panel-hit svg.chart line.threshold").count(), 1, "H_low line");
   assert.equal(await page.locator("#panel-kv svg.chart path.series").count(), 2, "one KV line per replica");
+  const dashes = await page.$$eval("#panel-kv svg.chart path.series", (paths) =>
+    paths.map((p) => p.getAttribute("stroke-dasharray") ?? ""),
+  );
+  assert.notEqual(dashes[0], dashes[1], "replicas are drawn in distinct line styles");
+  assert.ok(
+    (await page.locator("#panel-budget svg.chart line.threshold").count()) >= 2,
+    "each replica's reservable token line is drawn",
+  );
+  const windowDrawn = await page.getAttribute("#panel-window svg.chart", "data-points");
+  assert.ok(Number(windowDrawn) > 0, "W is drawn, in tokens or in sessions as the policy counts it");
+  const tokenWindow = server.scheduler.state().replicas.some((r) => r.window.sizeTokens !== null);
+  const windowNames = await page.$$eval("#panel-window path.series", (paths) =>
+    paths.map((p) => p.getAttribute("data-name") ?? ""),
+  );
+  assert.ok(
+    windowNames.some((name) => (tokenWindow ? /footprints$/ : /W \(sessions\)$/).test(name)),
+    `window series: ${windowNames.join(", ")}`,
+  );
+  const headerWaiting = await page.getAttribute("#sessions", "data-waiting");
+  const totalWaiting = await page.textContent("#replica-table tr.total td:nth-child(12)");
+  assert.equal(headerWaiting, totalWaiting, "the header's waiting count is the table's");
   assert.match((await page.textContent("#panel-refusals .legend")) ?? "", /context_limit \(\d+ total\)/);
   assert.match((await page.textContent("#stage")) ?? "", /stage: normal/);
-  assert.equal(await page.locator("#replica-table tr").count(), 3, "header and one row per replica");
+  assert.equal(await page.locator("#replica-table tr.replica").count(), 2, "one row per replica");
 
   const kvBefore = await page.getAttribute("#panel-kv path.series", "d");
   const samplesBefore = Number(await page.getAttribute("body", "data-samples"));
-  await page.waitForFunction((n) => Number(document.body.dataset.samples) >= n + 3, samplesBefore, {
+  await page.waitForFunction((n) => Number(document.body.dataset.samples) >= n + 2, samplesBefore, {
     timeout: 20_000,
   });
   const kvAfter = await page.getAttribute("#panel-kv path.series", "d");
   assert.notEqual(kvAfter, kvBefore, "the KV chart updates as samples arrive");
   const activeSeen = await page.evaluate(() =>
-    Array.from(document.querySelectorAll("#replica-table td:nth-child(6)")).some(
+    Array.from(document.querySelectorAll("#replica-table tr.replica td:nth-child(8)")).some(
       (td) => Number(td.textContent) > 0,
     ),
   );

@@ -478,7 +478,7 @@ describe("refusals", () => {
   test("a full session queue is 429 session_queue_full", async () => {
     const { call, scheduler } = harness({
       replicas: 1,
-      config: { window: { initial: 1, min: 1, max: 1 }, sessions: { queueLimit: 0 } },
+      config: { window: { unit: "sessions", initial: 1, min: 1, max: 1 }, sessions: { queueLimit: 0 } },
     });
     const first = await call("/v1/chat/completions", {
       method: "POST",
@@ -516,10 +516,13 @@ describe("API keys", () => {
     assert.equal((await call("/healthz")).response.status, 200);
   });
 
-  test("admin routes need an admin key; the dashboard also takes ?key=", async () => {
+  test("admin routes need an admin key (403 for a known key without the right); the dashboard also takes ?key=", async () => {
     const { call } = harness({ keys, adminKey: "root-admin-key" });
     const user = await call("/v1/admin/state", { headers: { authorization: "Bearer sk-team-a-0001" } });
-    assertRefusal(user.response, user.text, 401, "unauthorized");
+    assert.equal(user.response.status, 403);
+    assert.equal(JSON.parse(user.text).error.code, "unauthorized");
+    const unknown = await call("/v1/admin/state", { headers: { authorization: "Bearer sk-nobody-0001" } });
+    assertRefusal(unknown.response, unknown.text, 401, "unauthorized");
     const anonymous = await call("/dashboard");
     assertRefusal(anonymous.response, anonymous.text, 401, "unauthorized");
     const admin = await call("/v1/admin/state", { headers: { authorization: "Bearer root-admin-key" } });

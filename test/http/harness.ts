@@ -6,6 +6,7 @@ import type { PresetOverrides } from "../../adapters/engines/sim/presets.js";
 import { SimEngine } from "../../adapters/engines/sim/sim-engine.js";
 import { ApiKeys } from "../../adapters/http/api-keys.js";
 import { createApp } from "../../adapters/http/app.js";
+import type { Logger } from "../../adapters/log/logger.js";
 import { createTokenizer } from "../../adapters/tokenizers/index.js";
 import { VirtualClock } from "../../src/clock.js";
 import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
@@ -23,6 +24,8 @@ export interface HarnessOptions {
   cors?: { origins: string[] | "*" };
   /** Wraps each engine (fault injection). */
   wrap?: (engine: Engine) => Engine;
+  /** The operator's log the app writes to (silent when omitted). */
+  logger?: Logger;
 }
 
 export const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
@@ -51,6 +54,8 @@ export function makeHarness(options: HarnessOptions = {}) {
   const app = createApp({
     scheduler,
     registry,
+    clock,
+    ...(options.logger ? { logger: options.logger } : {}),
     ...(keys ? { keys } : {}),
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
     ...(options.bodyLimitBytes ? { bodyLimitBytes: options.bodyLimitBytes } : {}),

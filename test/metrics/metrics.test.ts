@@ -35,6 +35,11 @@ const SPEC_NAMES = [
   "sluice_time_to_first_token_seconds",
   "sluice_inter_token_seconds",
   "sluice_overload_stage",
+  "sluice_session_window_tokens",
+  "sluice_session_footprint_tokens",
+  "sluice_sessions_dormant",
+  "sluice_session_retention_seconds",
+  "sluice_session_dormancies_total",
 ];
 
 // Grafana's variable syntax, spelled out so it does not read as a template literal by mistake.
@@ -142,6 +147,9 @@ test("the Grafana dashboard only queries registered metrics, with rate intervals
   const registry = h.registry;
   const panels = dashboard.panels.filter((p: { type: string }) => p.type !== "row");
   assert.ok(panels.length >= 10);
+  const stats = panels.filter((p: { type: string }) => p.type === "stat");
+  assert.ok(stats.length >= 6, "a row of stat panels at the top");
+  assert.ok(stats.every((p: { gridPos: { y: number } }) => p.gridPos.y <= 1));
   assert.ok(
     dashboard.templating.list.some(
       (v: { type: string; query: string }) => v.type === "datasource" && v.query === "prometheus",

@@ -174,3 +174,104 @@ describe("constructed pages", () => {
     assert.ok(s.unknown.includes("prefixCache"));
   });
 });
+
+/*
+ * Second KV tiers. No genuine page with these series was found with a citable
+ * repository, path and commit (see fixtures/README.md), so the pages below are
+ * built here; their series names are the engines' own: vLLM's
+ * `vllm:external_prefix_cache_{queries,hits}` (vllm/v1/metrics/loggers.py) and
+ * `vllm:kv_offload_total_{bytes,time}` (the offloading connector's metrics.py),
+ * LMCache's `lmcache:num_lookup_{tokens,hits}` (lmcache/observability.py),
+ * SGLang's `sglang:hicache_host_{total,used}_tokens` and
+ * `sglang:cached_tokens_total{cache_source}`.
+ */
+describe("host tiers (constructed pages)", () => {
+  const vllmCore = [
+    'vllm:num_requests_running{engine="0",model_name="m"} 1',
+    'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000',
+    'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300',
+  ];
+
+  it("vLLM with the CPU offloading connector: external queries and hits, size unknown, load rate measured", () => {
+    const s = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:cache_config_info{block_size="16",engine="0",kv_offloading_backend="native",kv_offloading_size="64.0",num_cpu_blocks="None",num_gpu_blocks="1000"} 1.0',
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 700',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 400',
+        'vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 52428800',
+        'vllm:kv_offload_total_time_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 0.002',
+        'vllm:kv_offload_total_time_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 9',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.prefixHitTokens, 300, "the GPU tier's own counters are untouched");
+    assert.equal(s.hostPrefixQueryTokens, 700);
+    assert.equal(s.hostPrefixHitTokens, 400);
+    assert.equal(s.hostKvCapacityTokens, 0, "vLLM states GiB, not blocks: the size in tokens is unknown");
+    assert.ok(s.unknown.includes("hostKvCapacityTokens"));
+    assert.equal(s.hostLoadTokensPerSecond, 400 / 0.002, "tokens supplied over the CPU→GPU time only");
+  });
+
+  it("a stated host block count gives the tier's size; the sum runs over data-parallel engines", () => {
+    const s = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:cache_config_info{block_size="16",engine="0",kv_offloading_size="8",num_cpu_blocks="1000"} 1',
+        'vllm:cache_config_info{block_size="16",engine="1",kv_offloading_size="8",num_cpu_blocks="1000"} 1',
+      ].join("\n"),
+    );
+    assert.equal(s?.hostKvCapacityTokens, 32_000);
+    assert.ok(!s?.unknown.includes("hostKvCapacityTokens"));
+    assert.equal(s?.hostPrefixHitTokens, undefined, "no counters yet: not measured, not zero");
+  });
+
+  it("LMCache's own lookup counters stand in when vLLM's external ones are absent", () => {
+    const s = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'lmcache:num_lookup_tokens_total{model_name="m",role="worker",worker_id="0"} 900',
+        'lmcache:num_lookup_hits_total{model_name="m",role="worker",worker_id="0"} 600',
+      ].join("\n"),
+    );
+    assert.equal(s?.hostPrefixQueryTokens, 900);
+    assert.equal(s?.hostPrefixHitTokens, 600);
+  });
+
+  it("an engine without a second tier is one tier: no host fields at all", () => {
+    const s = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:cache_config_info{block_size="16",engine="0",kv_offloading_size="None",num_cpu_blocks="0",num_gpu_blocks="1000"} 1',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    for (const key of ["hostKvCapacityTokens", "hostPrefixQueryTokens", "hostPrefixHitTokens", "hostKvUsage"])
+      assert.ok(!(key in s), key);
+    assert.ok(!s.unknown.includes("hostKvCapacityTokens"));
+    const sglang = parseEngineMetrics('sglang:num_running_reqs{tp_rank="0"} 1\nsglang:token_usage 0.2\n');
+    assert.equal(sglang?.hostKvCapacityTokens, undefined);
+  });
+
+  it("SGLang HiCache: host pool size and use per tp_rank counted once, host hits over prompts less device hits", () => {
+    const s = parseEngineMetrics(
+      [
+        'sglang:num_running_reqs{tp_rank="0"} 1',
+        'sglang:num_running_reqs{tp_rank="1"} 1',
+        'sglang:prompt_tokens_total{model_name="m"} 1000',
+        'sglang:cached_tokens_total{cache_source="device",model_name="m"} 300',
+        'sglang:cached_tokens_total{cache_source="host",model_name="m"} 100',
+        'sglang:hicache_host_total_tokens{model_name="m",tp_rank="0"} 2000000',
+        'sglang:hicache_host_total_tokens{model_name="m",tp_rank="1"} 2000000',
+        'sglang:hicache_host_used_tokens{model_name="m",tp_rank="0"} 500000',
+        'sglang:hicache_host_used_tokens{model_name="m",tp_rank="1"} 500000',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.hostKvCapacityTokens, 2_000_000);
+    assert.equal(s.hostKvUsage, 0.25);
+    assert.equal(s.hostPrefixHitTokens, 100);
+    assert.equal(s.hostPrefixQueryTokens, 700);
+    assert.equal(s.prefixHitTokens, 400, "SGLang's cached tokens include its host hits, as before");
+  });
+});

@@ -18,6 +18,9 @@ export const SLUICE = join(ROOT, "adapters", "cli", "sluice.js");
 export const SPEC8_REASONS: Readonly<Record<number, readonly string[]>> = {
   400: ["invalid_request"],
   401: ["unauthorized"],
+  // Beyond SPEC 8's table: a known key without the right (admin routes), a wrong method on a known path.
+  403: ["unauthorized"],
+  405: ["invalid_request"],
   404: ["model_not_found", "session_not_found"],
   413: ["context_limit", "overflow", "body_too_large"],
   429: [

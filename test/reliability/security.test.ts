@@ -220,13 +220,17 @@ describe("a served process: keys, admin routes, request ids, limits, CORS", () =
     const get = (path: string, key?: string) =>
       fetch(`${url}${path}`, key ? { headers: { authorization: `Bearer ${key}` } } : {});
     for (const path of ["/v1/admin/state", "/dashboard"]) {
-      for (const key of [undefined, USER_KEY, ...WRONG_KEYS]) {
+      for (const key of [undefined, ...WRONG_KEYS]) {
         const response = await get(path, key);
         checkRefusal(response.status, response.headers, await response.text(), {
           context: `${path} with ${key}`,
         });
         assert.equal(response.status, 401, `${path} with ${key ?? "no key"}`);
       }
+      // A known key without the admin right is forbidden, not unauthenticated.
+      const user = await get(path, USER_KEY);
+      assert.equal(user.status, 403, `${path} with a user key`);
+      checkRefusal(user.status, user.headers, await user.text(), { context: `${path} with a user key` });
       for (const key of [ADMIN_KEY, ADMIN_FLAGGED_KEY]) {
         const response = await get(path, key);
         assert.equal(response.status, 200, `${path} with an admin credential`);

@@ -286,7 +286,7 @@ describe("scheduler request path", () => {
     const routes: string[] = [];
     const { clock, scheduler, engines } = fleet(
       2,
-      { window: { initial: 2, max: 2 } },
+      { window: { unit: "sessions", initial: 2, max: 2 } },
       { route: (e) => routes.push(`${e.replica}:${e.reason}`) },
     );
     const prompt = tokens(600);
@@ -325,8 +325,31 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
-  it("halves the window once per measured thrash interval, not again on a rate an idle interval did not measure", async () => {
+  it("halves the token window on a measured thrash interval only, and grows it while sessions wait", async () => {
     const { clock, scheduler, engines } = fleet(1);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    let lookups = { hits: 0, queries: 0 };
+    engines[0]!.bend = (signals) => ({
+      ...signals,
+      kvUsage: 0.8,
+      prefixHitTokens: lookups.hits,
+      prefixQueryTokens: lookups.queries,
+    });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    lookups = { hits: 50, queries: 1000 };
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2));
+    await clock.advanceAsync(4_000);
+    assert.equal(windowTokens(), Math.floor(start / 2), "no lookups, no measurement: no second cut");
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0 });
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2), "nobody waits: W holds");
+    assertIdle(scheduler);
+  });
+
+  it("halves the session-count window once per measured thrash interval, not again on a rate an idle interval did not measure", async () => {
+    const { clock, scheduler, engines } = fleet(1, { window: { unit: "sessions" } });
     const windowSize = () => scheduler.state().replicas[0]!.window.size;
     let lookups = { hits: 0, queries: 0 };
     engines[0]!.bend = (signals) => ({
@@ -384,7 +407,10 @@ describe("scheduler request path", () => {
   });
 
   it("refuses sessions beyond a full window and session queue with 429 session_queue_full", async () => {
-    const { clock, scheduler } = fleet(1, { window: { initial: 1, max: 1 }, sessions: { queueLimit: 0 } });
+    const { clock, scheduler } = fleet(1, {
+      window: { unit: "sessions", initial: 1, max: 1 },
+      sessions: { queueLimit: 0 },
+    });
     const a = await run(clock, scheduler.submit(request({ sessionId: "a" })));
     await run(clock, drain(a));
     await assert.rejects(
@@ -400,7 +426,7 @@ describe("scheduler request path", () => {
 
   it("makes a waiting session's step wait for a slot and time out with 429 queue_timeout", async () => {
     const { clock, scheduler } = fleet(1, {
-      window: { initial: 1, max: 1 },
+      window: { unit: "sessions", initial: 1, max: 1 },
       sessions: { waitLimitMs: 30_000 },
     });
     const a = await run(clock, scheduler.submit(request({ sessionId: "a" })));

@@ -26,6 +26,7 @@ describe("sluice sim", () => {
       "--max-num-seqs",
       "--max-num-batched-tokens",
       "--kv-capacity-tokens",
+      "--sim-host-kv-tokens",
     ]) {
       assert.ok(text.includes(flag), flag);
     }
@@ -33,13 +34,14 @@ describe("sluice sim", () => {
 
   test("an invalid flag value names the flag and the value, and returns 2", async () => {
     const cases: [string[], RegExp][] = [
-      [["--port", "abc"], /--port should be an integer in \[0, 65535\], got "abc"/],
+      [["--port", "abc"], /--port takes an integer from 0 to 65535, got "abc"/],
       [["--port", "70000"], /--port .* got "70000"/],
-      [["--preset", "h200"], /--preset should be one of .* got "h200"/],
+      [["--preset", "h200"], /--preset takes one of .* got "h200"/],
       [["--data-parallel-size", "0"], /--data-parallel-size .* got "0"/],
-      [["--max-num-seqs=-3"], /--max-num-seqs should be an integer ≥ 1, got "-3"/],
+      [["--max-num-seqs=-3"], /--max-num-seqs takes a positive integer, got "-3"/],
       [["--kv-capacity-tokens", "1.5"], /--kv-capacity-tokens .* got "1.5"/],
-      [["--bogus"], /Unknown option '--bogus'/],
+      [["--sim-host-kv-tokens=-1"], /--sim-host-kv-tokens .* got "-1"/],
+      [["--bogus"], /unknown flag --bogus/],
     ];
     for (const [argv, message] of cases) {
       const c = capture();
@@ -65,6 +67,8 @@ describe("sluice sim", () => {
         "2",
         "--kv-capacity-tokens",
         "1600",
+        "--sim-host-kv-tokens",
+        "6400",
       ],
       { ...c.io, stop: stop.signal },
     );
@@ -78,6 +82,12 @@ describe("sluice sim", () => {
       metrics,
       /vllm:cache_config_info\{[^}]*num_gpu_blocks="100"[^}]*max_num_seqs="7"[^}]*engine="1"/,
     );
+    // The host tier: 400 blocks per rank, and the KV connector's counters.
+    assert.match(
+      metrics,
+      /vllm:cache_config_info\{[^}]*num_cpu_blocks="400"[^}]*kv_offloading_backend="native"/,
+    );
+    assert.match(metrics, /vllm:external_prefix_cache_hits_total\{[^}]*engine="1"\} 0/);
     const models = (await (await fetch(`${url}/v1/models`)).json()) as {
       data: { id: string; max_model_len: number }[];
     };

@@ -24,7 +24,8 @@ export type SignalField =
   | "preemptions"
   | "kvCapacityTokens"
   | "blockSize"
-  | "maxNumSeqs";
+  | "maxNumSeqs"
+  | "hostKvCapacityTokens";
 
 /** Where the KV capacity of a page came from. */
 export type CapacitySource = "engine" | "derived" | "unknown";
@@ -239,6 +240,71 @@ function vllmCapacity(
   return { tokens, source: derived ? "derived" : "engine" };
 }
 
+/** The host tier's signals, merged into a page's signals when the page shows one. */
+type HostTierSignals = Pick<
+  EngineSignals,
+  | "hostKvCapacityTokens"
+  | "hostKvUsage"
+  | "hostPrefixQueryTokens"
+  | "hostPrefixHitTokens"
+  | "hostLoadTokensPerSecond"
+>;
+
+/** Whether a `cache_config_info` label states a positive number (vLLM prints `None` for an unset option). */
+function positiveLabel(sample: MetricSample, label: string): boolean {
+  const value = Number(sample.labels[label]?.trim());
+  return Number.isFinite(value) && value > 0;
+}
+
+/**
+ * vLLM's second tier: a KV connector that keeps prefixes outside GPU memory
+ * (the native CPU offloading connector, LMCache). Read from
+ * `vllm:external_prefix_cache_{queries,hits}_total` (tokens asked of the
+ * connector — each prompt less its GPU hits — and tokens it supplied),
+ * else LMCache's own lookup counters `lmcache:num_lookup_{tokens,hits}_total`
+ * (which count whole prompts, GPU-cached part included); the tier's size from
+ * `cache_config_info` (`num_cpu_blocks × block_size` when `kv_offloading_size`
+ * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
+ * so it is usually unknown); the load rate from the tokens supplied over
+ * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`. Undefined
+ * when the page shows no second tier: the engine is treated as one tier.
+ */
+function vllmHostTier(
+  byName: ByName,
+  config: readonly MetricSample[],
+  unknown: SignalField[],
+): HostTierSignals | undefined {
+  const external =
+    counterPair(byName, [
+      ["vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"],
+    ]) ?? counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
+  const offloading = config.filter((s) => positiveLabel(s, "kv_offloading_size"));
+  const loadTime = series(byName, "vllm:kv_offload_total_time_total").filter(
+    (s) => s.labels.transfer_type?.toUpperCase() === "CPU_TO_GPU",
+  );
+  if (!external && offloading.length === 0 && loadTime.length === 0) return undefined;
+  const host: HostTierSignals = {};
+  let capacity = 0;
+  for (const info of offloading) {
+    const blocks = intLabel(info, "num_cpu_blocks");
+    const size = intLabel(info, "block_size");
+    if (blocks === undefined || size === undefined) {
+      capacity = 0;
+      break;
+    }
+    capacity += blocks * size;
+  }
+  host.hostKvCapacityTokens = capacity;
+  if (capacity === 0) unknown.push("hostKvCapacityTokens");
+  if (external) {
+    host.hostPrefixQueryTokens = external.queries;
+    host.hostPrefixHitTokens = external.hits;
+    const seconds = sum(loadTime);
+    if (seconds > 0 && external.hits > 0) host.hostLoadTokensPerSecond = external.hits / seconds;
+  }
+  return host;
+}
+
 function vllmSignals(byName: ByName): ScrapedSignals {
   const unknown: SignalField[] = [];
   const config = series(byName, "vllm:cache_config_info");
@@ -281,6 +347,8 @@ function vllmSignals(byName: ByName): ScrapedSignals {
     maxNumSeqs,
     dataParallelSize: dataParallelSize([...(kv ?? []), ...(running ?? []), ...(waiting ?? []), ...config]),
   };
+  const host = vllmHostTier(byName, config, unknown);
+  if (host) Object.assign(signals, host);
   // V0's block hit-rate gauge reads -1 until the first lookup: a rate only once it is one.
   const stated = pick(byName, "vllm:gpu_prefix_cache_hit_rate")?.filter((s) => s.value >= 0);
   if (stated && stated.length > 0) signals.statedHitRate = clamp01(mean(stated));
@@ -307,6 +375,33 @@ function sglangCachedTokens(byName: ByName): MetricSample[] | undefined {
   if (!cached) return undefined;
   const totals = cached.filter((s) => s.labels.cache_source === "total");
   return totals.length > 0 ? totals : cached;
+}
+
+/**
+ * SGLang's HiCache: the host pool's size and use from
+ * `sglang:hicache_host_{total,used}_tokens`, its hits from
+ * `sglang:cached_tokens_total{cache_source="host"}`, its queries as the
+ * prompts less their device hits (`cache_source="device"`), as vLLM counts
+ * external queries. Undefined when the page shows no host pool.
+ */
+function sglangHostTier(byName: ByName, unknown: SignalField[]): HostTierSignals | undefined {
+  const total = pick(byName, "sglang:hicache_host_total_tokens");
+  const used = pick(byName, "sglang:hicache_host_used_tokens");
+  const cached = series(byName, "sglang:cached_tokens_total");
+  const hostHits = cached.filter((s) => s.labels.cache_source === "host");
+  const deviceHits = cached.filter((s) => s.labels.cache_source === "device");
+  if (!total && hostHits.length === 0) return undefined;
+  const host: HostTierSignals = {};
+  const capacity = Math.floor(sum(total));
+  host.hostKvCapacityTokens = Math.max(0, capacity);
+  if (capacity <= 0) unknown.push("hostKvCapacityTokens");
+  else if (used) host.hostKvUsage = clamp01(sum(used) / capacity);
+  const prompts = pick(byName, "sglang:prompt_tokens_total");
+  if (prompts && hostHits.length > 0) {
+    host.hostPrefixHitTokens = sum(hostHits);
+    host.hostPrefixQueryTokens = Math.max(0, sum(prompts) - sum(deviceHits));
+  }
+  return host;
 }
 
 function sglangSignals(byName: ByName): ScrapedSignals {
@@ -356,6 +451,8 @@ function sglangSignals(byName: ByName): ScrapedSignals {
       ...(capacity ?? []),
     ]),
   };
+  const host = sglangHostTier(byName, unknown);
+  if (host) Object.assign(signals, host);
   const stated = pick(byName, "sglang:cache_hit_rate");
   if (stated) {
     // The first collector set this gauge in percent (as its log line printed it); later ones in 0–1.
@@ -396,6 +493,10 @@ const SGLANG_CORE = [
  * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
  *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
  * - Data-parallel size = distinct `dp_rank` or `engine` label values (1 when absent).
+ * - A second KV tier in host memory (vLLM's KV connector / CPU offloading,
+ *   LMCache, SGLang HiCache) fills the `host…` fields; a page without one
+ *   leaves them absent (one tier). A tier whose size is not stated reads
+ *   `hostKvCapacityTokens: 0` and lists `hostKvCapacityTokens` as unknown.
  */
 export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
   const byName = groupByName(page.samples);

@@ -1,5 +1,6 @@
 /** @module Small HTTP facts about an upstream's answers: success, bounded body reads, network error codes, Retry-After. */
 
+import { parseRetryAfter } from "../../openai-api/retry-after.js";
 import type { UpstreamResponse } from "./transport.js";
 
 export function isRecord(value: unknown): value is Record<string, unknown> {
@@ -56,13 +57,10 @@ export function describeNetworkError(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** Retry-After from the upstream: delta seconds or an HTTP date. */
+/** Retry-After from the upstream: delta seconds or an HTTP date (a date already past asks for at least 1 s). */
 export function retryAfterOf(response: UpstreamResponse): number | undefined {
-  const header = response.header("retry-after")?.trim();
-  if (!header) return undefined;
-  if (/^\d+(\.\d+)?$/.test(header)) return Number(header);
-  const at = Date.parse(header);
-  if (Number.isNaN(at)) return undefined;
-  // An HTTP date is wall-clock time by definition; only this edge adapter reads it.
-  return Math.max(1, (at - Date.now()) / 1000);
+  const header = response.header("retry-after");
+  const seconds = parseRetryAfter(header);
+  if (seconds === undefined) return undefined;
+  return /^\s*\d/.test(header ?? "") ? seconds : Math.max(1, seconds);
 }

@@ -7,6 +7,12 @@ export interface KvBlockEvent {
   type: "stored" | "removed";
   /** The block's chained hash (53-bit integer). */
   hash: number;
+  /**
+   * Where the block is, in vLLM's KV-event terms (`BlockStored.medium`,
+   * `BlockRemoved.medium`: "GPU", "CPU"): absent for the GPU tier, `CPU` for
+   * the host tier (whose events come through `onHostKvEvent`).
+   */
+  medium?: "CPU";
 }
 
 /**
@@ -98,10 +104,15 @@ export class BlockPool {
   private readonly cache: HashIndex;
   private evictions = 0;
 
-  /** @param numBlocks blocks in the pool (≥ 1) @param onEvent called when a hash enters or leaves the cache */
+  /**
+   * @param numBlocks blocks in the pool (≥ 1)
+   * @param onEvent called when a hash enters or leaves the cache
+   * @param onEvict called with the hash of each cached block evicted to make room (a host tier keeps it)
+   */
   constructor(
     numBlocks: number,
     private readonly onEvent?: (event: KvBlockEvent) => void,
+    private readonly onEvict?: (hash: number) => void,
   ) {
     if (!(Number.isInteger(numBlocks) && numBlocks >= 1)) {
       throw new RangeError(`numBlocks should be a positive integer, got ${numBlocks}`);
@@ -205,6 +216,7 @@ export class BlockPool {
       if (this.cache.get(h) === b) {
         this.cache.delete(h);
         this.evictions++;
+        this.onEvict?.(h);
         this.onEvent?.({ type: "removed", hash: h });
       }
     }

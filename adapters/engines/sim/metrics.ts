@@ -1,6 +1,7 @@
 /** @module vLLM-named Prometheus metrics of a simulated replica, read from the engine at scrape time. */
 
 import { Counter, Gauge, Registry } from "prom-client";
+import { hostLoadMsPerToken } from "./presets.js";
 import type { SimEngine } from "./sim-engine.js";
 
 /**
@@ -12,6 +13,16 @@ import type { SimEngine } from "./sim-engine.js";
  * `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, and
  * `vllm:cache_config_info` (value 1; labels `block_size`, `num_gpu_blocks`
  * per rank, `max_num_seqs`, `max_num_batched_tokens`, …).
+ *
+ * With a host tier, also what vLLM exposes with its CPU offloading
+ * connector: `vllm:external_prefix_cache_queries_total` and
+ * `vllm:external_prefix_cache_hits_total` (tokens the connector was asked
+ * for — each prompt less its GPU hits — and tokens it supplied;
+ * `vllm/v1/core/sched/scheduler.py`), `vllm:kv_offload_total_bytes_total`
+ * and `vllm:kv_offload_total_time_total` (seconds) per `transfer_type`
+ * (`GPU_to_CPU`, `CPU_to_GPU`; the offloading connector's `metrics.py`), and
+ * `cache_config_info` labels `kv_offloading_size` (GiB per rank),
+ * `kv_offloading_backend` and `num_cpu_blocks` (host blocks per rank).
  */
 export function createSimRegistry(engine: SimEngine): Registry {
   const registry = new Registry();
@@ -79,6 +90,58 @@ export function createSimRegistry(engine: SimEngine): Registry {
   );
 
   const p = engine.params;
+  const hostBlocks = engine.hostBlocksPerRank();
+  if (hostBlocks > 0) {
+    counter(
+      "vllm:external_prefix_cache_queries_total",
+      "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+      (s) => s.hostQueryTokens,
+    );
+    counter(
+      "vllm:external_prefix_cache_hits_total",
+      "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+      (s) => s.hostHitTokens,
+    );
+    // Stores are modelled off the critical path (vLLM offloads asynchronously) but take the same link time.
+    const secondsPerToken = hostLoadMsPerToken(p) / 1000;
+    const transfers = (s: ReturnType<SimEngine["rankSignals"]>[number]) => ({
+      GPU_to_CPU: {
+        tokens: s.hostStoredBlocks * p.blockSize,
+        seconds: s.hostStoredBlocks * p.blockSize * secondsPerToken,
+      },
+      CPU_to_GPU: { tokens: s.hostLoadedTokens, seconds: s.hostLoadMs / 1000 },
+    });
+    const transferCounter = (
+      name: string,
+      help: string,
+      read: (t: { tokens: number; seconds: number }) => number,
+    ) =>
+      new Counter({
+        name,
+        help,
+        labelNames: ["model_name", "engine", "transfer_type"],
+        registers: [registry],
+        collect() {
+          this.reset();
+          for (const s of engine.rankSignals()) {
+            for (const [type, t] of Object.entries(transfers(s))) {
+              this.inc({ model_name: model, engine: String(s.rank), transfer_type: type }, read(t));
+            }
+          }
+        },
+      });
+    transferCounter(
+      "vllm:kv_offload_total_bytes_total",
+      "Number of bytes offloaded by KV connector",
+      (t) => t.tokens * p.kvBytesPerToken,
+    );
+    transferCounter(
+      "vllm:kv_offload_total_time_total",
+      "Total time measured by all KV offloading operations",
+      (t) => t.seconds,
+    );
+  }
+  const offloadGiB = (p.hostKvTokens * p.kvBytesPerToken) / 2 ** 30;
   new Gauge({
     name: "vllm:cache_config_info",
     help: "Information of the LLMEngine CacheConfig",
@@ -92,6 +155,8 @@ export function createSimRegistry(engine: SimEngine): Registry {
       "max_num_seqs",
       "max_num_batched_tokens",
       "max_model_len",
+      "kv_offloading_size",
+      "kv_offloading_backend",
       "engine",
     ],
     registers: [registry],
@@ -102,13 +167,16 @@ export function createSimRegistry(engine: SimEngine): Registry {
           {
             block_size: String(p.blockSize),
             num_gpu_blocks: String(engine.blocksPerRank()),
-            num_cpu_blocks: "0",
+            num_cpu_blocks: String(hostBlocks),
             enable_prefix_caching: "True",
             cache_dtype: "auto",
             gpu_memory_utilization: "0.9",
             max_num_seqs: String(p.maxNumSeqs),
             max_num_batched_tokens: String(p.maxNumBatchedTokens),
             max_model_len: String(p.maxModelLen),
+            // vLLM prints Python's None for an unset option.
+            kv_offloading_size: hostBlocks > 0 ? String(Math.round(offloadGiB * 1000) / 1000) : "None",
+            kv_offloading_backend: hostBlocks > 0 ? "native" : "None",
             engine: String(rank),
           },
           1,

@@ -38,6 +38,19 @@ export interface SimParams {
    * measuring the overhead of everything in front of the engine.
    */
   instant: boolean;
+  /**
+   * Host-memory KV tier per rank, tokens (`floor(hostKvTokens / blockSize)`
+   * blocks); 0 (default) means one tier. Blocks evicted from GPU memory move
+   * there (LRU), and a prefix found there is loaded back over PCIe instead of
+   * recomputed — vLLM's offloading connector, LMCache, SGLang HiCache.
+   */
+  hostKvTokens: number;
+  /** KV bytes of one token for the whole model: layers · kv_heads · head_dim · 2 (K and V) · 2 (BF16). */
+  kvBytesPerToken: number;
+  /** GPUs one rank spans (tensor parallelism): each loads its 1/TP share of a block over its own PCIe link. */
+  tensorParallelSize: number;
+  /** Effective host-to-GPU load bandwidth per GPU, GB/s (10⁹ bytes/s). */
+  hostLoadGBps: number;
 }
 
 /** Any subset of {@link SimParams}, applied on top of a preset. */
@@ -49,7 +62,15 @@ const DEFAULTS = {
   maxNumSeqs: 256,
   maxNumBatchedTokens: 8192,
   instant: false,
+  hostKvTokens: 0,
+  // PCIe Gen5 x16 moves ~64 GB/s raw; pinned-memory block copies reach ~25 GB/s in practice.
+  hostLoadGBps: 25,
 } as const;
+
+/** Bytes of KV per token, BF16: layers · kv_heads · head_dim · 2 (K and V) · 2 bytes. */
+function kvBytes(layers: number, kvHeads: number, headDim: number): number {
+  return layers * kvHeads * headDim * 2 * 2;
+}
 
 /**
  * The presets of SPEC 13.1 (BF16, H100 SXM, gpu_memory_utilization 0.9).
@@ -65,6 +86,8 @@ export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
     cPfattn: 1.3e-6,
     kvCapacityTokens: 439_000,
     maxModelLen: 131_072,
+    kvBytesPerToken: kvBytes(32, 8, 128),
+    tensorParallelSize: 1,
   },
   "h100x2-qwen3-32b": {
     ...DEFAULTS,
@@ -75,6 +98,8 @@ export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
     cPfattn: 2.6e-6,
     kvCapacityTokens: 307_000,
     maxModelLen: 40_960,
+    kvBytesPerToken: kvBytes(64, 8, 128),
+    tensorParallelSize: 2,
   },
   "h100x4-llama3-70b": {
     ...DEFAULTS,
@@ -85,6 +110,8 @@ export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
     cPfattn: 1.6e-6,
     kvCapacityTokens: 461_000,
     maxModelLen: 131_072,
+    kvBytesPerToken: kvBytes(80, 8, 128),
+    tensorParallelSize: 4,
   },
   "h100x8-llama3-70b": {
     ...DEFAULTS,
@@ -95,6 +122,8 @@ export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
     cPfattn: 8.2e-7,
     kvCapacityTokens: 1_350_000,
     maxModelLen: 131_072,
+    kvBytesPerToken: kvBytes(80, 8, 128),
+    tensorParallelSize: 8,
   },
   instant: {
     ...DEFAULTS,
@@ -105,6 +134,8 @@ export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
     cPfattn: 0,
     kvCapacityTokens: 439_000,
     maxModelLen: 131_072,
+    kvBytesPerToken: kvBytes(32, 8, 128),
+    tensorParallelSize: 1,
     instant: true,
   },
 };
@@ -133,6 +164,7 @@ const NON_NEGATIVE: readonly (keyof SimParams)[] = [
   "cKv",
   "cPfattn",
   "floorCreditTokens",
+  "hostKvTokens",
 ];
 const POSITIVE_INT: readonly (keyof SimParams)[] = [
   "kvCapacityTokens",
@@ -140,6 +172,8 @@ const POSITIVE_INT: readonly (keyof SimParams)[] = [
   "maxNumSeqs",
   "maxNumBatchedTokens",
   "maxModelLen",
+  "kvBytesPerToken",
+  "tensorParallelSize",
 ];
 
 /**
@@ -190,6 +224,10 @@ export function resolveSimParams(
     if (!(Number.isInteger(value) && value >= 1))
       throw new RangeError(`${key} should be a positive integer, got ${value}`);
   }
+  if (!Number.isInteger(merged.hostKvTokens))
+    throw new RangeError(`hostKvTokens should be an integer ≥ 0, got ${merged.hostKvTokens}`);
+  if (!(Number.isFinite(merged.hostLoadGBps) && merged.hostLoadGBps > 0))
+    throw new RangeError(`hostLoadGBps should be a finite number > 0, got ${merged.hostLoadGBps}`);
   if (typeof merged.instant !== "boolean")
     throw new RangeError(`instant should be a boolean, got ${merged.instant}`);
   if (merged.kvCapacityTokens < merged.blockSize) {
@@ -212,20 +250,40 @@ export interface StepShape {
   decodeContextTokens: number;
   /** Σ t_i·(s_i + t_i/2) over the prefill chunks: t_i new tokens on top of s_i already in KV. */
   prefillPairs: number;
+  /** Tokens loaded from the host tier in the step (prefix hits there); default 0. */
+  hostLoadTokens?: number;
+}
+
+/**
+ * Time to load one token's KV from the host tier, ms: its bytes split over
+ * the rank's GPUs, each over its own link at `hostLoadGBps`
+ * (`kvBytesPerToken / tensorParallelSize / (hostLoadGBps · 10⁹)` s). Zero
+ * for the `instant` preset.
+ */
+export function hostLoadMsPerToken(params: SimParams): number {
+  if (params.instant) return 0;
+  return (params.kvBytesPerToken / params.tensorParallelSize / (params.hostLoadGBps * 1e9)) * 1000;
 }
 
 /**
  * Duration of one step, ms (SPEC 13.1):
- * `c0 + max(0, cPrefill·P + cDec·D − cPrefill·floorCreditTokens) + cKv·K + cPfattn·Σ t_i(s_i + t_i/2)`.
+ * `c0 + max(0, cPrefill·P + cDec·D − cPrefill·floorCreditTokens) + cKv·K + cPfattn·Σ t_i(s_i + t_i/2) + t_load·H`
+ * with H the tokens loaded from the host tier in the step and `t_load` from
+ * {@link hostLoadMsPerToken}. The load is serial with the step: the batch
+ * waits for it, which overstates its cost when an engine overlaps loads
+ * with compute (vLLM loads asynchronously) — a hit in host memory is never
+ * modelled cheaper than it is.
  */
 export function stepTimeMs(params: SimParams, step: StepShape): number {
   const linear = params.cPrefill * step.prefillTokens + params.cDec * step.decodeSeqs;
   const credit = params.cPrefill * params.floorCreditTokens;
+  const load = step.hostLoadTokens ? hostLoadMsPerToken(params) * step.hostLoadTokens : 0;
   return (
     params.c0 +
     Math.max(0, linear - credit) +
     params.cKv * step.decodeContextTokens +
-    params.cPfattn * step.prefillPairs
+    params.cPfattn * step.prefillPairs +
+    load
   );
 }
 

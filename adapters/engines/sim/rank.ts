@@ -3,7 +3,8 @@
 import type { Cancel, Clock } from "../../../src/clock.js";
 import type { FinishReason } from "../../../src/engine.js";
 import { BlockPool, type KvBlockEvent } from "./block-pool.js";
-import { type SimParams, stepTimeMs } from "./presets.js";
+import { HostTier } from "./host-tier.js";
+import { hostLoadMsPerToken, type SimParams, stepTimeMs } from "./presets.js";
 import type { SimCall } from "./sim-call.js";
 import type { VocabularyEntry } from "./vocabulary.js";
 
@@ -24,6 +25,8 @@ export interface SimStepEvent {
   decodeContextTokens: number;
   /** Σ t_i·(s_i + t_i/2) over prefill chunks. */
   prefillPairs: number;
+  /** Tokens loaded from the host tier (prefix hits there), 0 without one. */
+  hostLoadTokens: number;
   /** Calls preempted while scheduling this step. */
   preempted: number;
   /** Calls running and waiting once the step was scheduled. */
@@ -37,8 +40,10 @@ export interface SimCallEvent {
   requestId: string;
   rank: number;
   atMs: number;
-  /** For `scheduled`: prompt tokens served from the prefix cache. */
+  /** For `scheduled`: prompt tokens served from the prefix cache (GPU and host tiers). */
   cachedTokens?: number;
+  /** For `scheduled`: of those, tokens loaded from the host tier. */
+  hostCachedTokens?: number;
   /** For `finished`. */
   finishReason?: FinishReason;
   /** For `finished`: tokens generated. */
@@ -56,8 +61,20 @@ export interface RankCounters {
   preemptions: number;
   finished: number;
   aborted: number;
+  /** Prompt tokens looked up in the GPU prefix cache, at each call's first scheduling. */
   prefixQueryTokens: number;
+  /** Of those, tokens found in the GPU prefix cache. */
   prefixHitTokens: number;
+  /** Prompt tokens looked up in the host tier (the prompt less its GPU hits), at first scheduling. */
+  hostQueryTokens: number;
+  /** Of those, tokens found in the host tier. */
+  hostHitTokens: number;
+  /** Tokens loaded from the host tier, resumed preempted calls included. */
+  hostLoadedTokens: number;
+  /** Time spent loading them, ms. */
+  hostLoadMs: number;
+  /** Blocks written to the host tier when evicted from GPU memory. */
+  hostStoredBlocks: number;
   promptTokens: number;
   generationTokens: number;
 }
@@ -73,6 +90,7 @@ export interface RankContext {
   onStep?: ((event: SimStepEvent) => void) | undefined;
   onCall?: ((event: SimCallEvent) => void) | undefined;
   onKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
+  onHostKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
 }
 
 /**
@@ -174,9 +192,16 @@ export class RankSim {
     aborted: 0,
     prefixQueryTokens: 0,
     prefixHitTokens: 0,
+    hostQueryTokens: 0,
+    hostHitTokens: 0,
+    hostLoadedTokens: 0,
+    hostLoadMs: 0,
+    hostStoredBlocks: 0,
     promptTokens: 0,
     generationTokens: 0,
   };
+  /** The host-memory tier, when the rank has one. */
+  readonly host: HostTier | undefined;
   private readonly running: SimCall[] = [];
   private readonly waiting = new WaitQueue();
   private waitingCount = 0;
@@ -193,9 +218,22 @@ export class RankSim {
     this.bs = params.blockSize;
     this.creditMs = params.cPrefill * params.floorCreditTokens;
     const onKv = ctx.onKvEvent;
+    const hostBlocks = Math.floor(params.hostKvTokens / params.blockSize);
+    const onHostKv = ctx.onHostKvEvent;
+    const host =
+      hostBlocks > 0
+        ? new HostTier(hostBlocks, onHostKv ? (event) => onHostKv(ctx.rank, event) : undefined)
+        : undefined;
+    this.host = host;
+    const counters = this.counters;
     this.pool = new BlockPool(
       Math.floor(params.kvCapacityTokens / params.blockSize),
       onKv ? (event) => onKv(ctx.rank, event) : undefined,
+      host
+        ? (hash) => {
+            if (host.store(hash)) counters.hostStoredBlocks++;
+          }
+        : undefined,
     );
   }
 
@@ -295,6 +333,7 @@ export class RankSim {
     let D = 0;
     let K = 0;
     let pairs = 0;
+    let hostLoad = 0;
     let preempted = 0;
     let waitingBlocked = false;
 
@@ -343,8 +382,13 @@ export class RankSim {
       while (budget > 0 && this.running.length < params.maxNumSeqs) {
         const call = this.waiting.peek();
         if (!call) break;
-        const hits = this.pool.lookup(call.hashes, Math.floor((call.numTokens - 1) / bs));
-        const hitTokens = hits.length * bs;
+        // At least the last prompt token is computed (as vLLM does), so hits stop one short of it.
+        const maxHitBlocks = Math.floor((call.numTokens - 1) / bs);
+        const hits = this.pool.lookup(call.hashes, maxHitBlocks);
+        // The chain continues in host memory where GPU memory lost it; those blocks are loaded, not computed.
+        const gpuHitTokens = hits.length * bs;
+        const hostBlocks = this.host ? this.host.matchFrom(call.hashes, hits.length, maxHitBlocks) : 0;
+        const hitTokens = gpuHitTokens + hostBlocks * bs;
         const n = Math.min(call.numTokens - hitTokens, budget);
         const need = Math.ceil((hitTokens + n) / bs) - hits.length;
         if (need > this.pool.freeBlocks() - this.pool.countFree(hits)) {
@@ -352,10 +396,16 @@ export class RankSim {
           break;
         }
         this.pool.touch(hits);
+        // Touched before allocating: the evictions that allocation spills into the host tier must not push these out.
+        if (hostBlocks > 0) this.host!.touch(call.hashes, hits.length, hostBlocks);
         call.blocks = hits;
         call.registered = hits.length;
         call.numComputed = hitTokens;
         for (let j = 0; j < need; j++) call.blocks.push(this.pool.allocate());
+        if (hostBlocks > 0) {
+          hostLoad += hostBlocks * bs;
+          this.counters.hostLoadedTokens += hostBlocks * bs;
+        }
         this.waiting.shift();
         this.waitingCount--;
         call.state = "running";
@@ -363,8 +413,13 @@ export class RankSim {
         if (!call.scheduledOnce) {
           call.scheduledOnce = true;
           call.cachedTokens = hitTokens;
+          call.hostCachedTokens = hostBlocks * bs;
           this.counters.prefixQueryTokens += call.numTokens;
-          this.counters.prefixHitTokens += hitTokens;
+          this.counters.prefixHitTokens += gpuHitTokens;
+          if (this.host) {
+            this.counters.hostQueryTokens += call.numTokens - gpuHitTokens;
+            this.counters.hostHitTokens += hostBlocks * bs;
+          }
           this.emitCall(call, "scheduled");
         }
         record(call, n);
@@ -391,7 +446,9 @@ export class RankSim {
       decodeSeqs: D,
       decodeContextTokens: K,
       prefillPairs: pairs,
+      hostLoadTokens: hostLoad,
     });
+    if (hostLoad > 0) this.counters.hostLoadMs += hostLoad * hostLoadMsPerToken(params);
 
     // A pure-decode batch that nothing can join: simulate the run up to the next completion in one timer.
     if (
@@ -437,6 +494,7 @@ export class RankSim {
       decodeSeqs: D,
       decodeContextTokens: K,
       prefillPairs: pairs,
+      hostLoadTokens: hostLoad,
       preempted,
       running: this.running.length,
       waiting: this.waitingCount,
@@ -560,6 +618,7 @@ export class RankSim {
       decodeSeqs: run.D,
       decodeContextTokens: K,
       prefillPairs: 0,
+      hostLoadTokens: 0,
       preempted: 0,
       running: this.running.length,
       waiting: this.waitingCount,
@@ -602,6 +661,7 @@ export class RankSim {
       decodeSeqs: run.D,
       decodeContextTokens: firstK,
       prefillPairs: 0,
+      hostLoadTokens: 0,
       preempted: 0,
       running: this.running.length,
       waiting: this.waitingCount,
@@ -688,7 +748,10 @@ export class RankSim {
       rank: this.ctx.rank,
       atMs: this.ctx.clock.now(),
     };
-    if (type === "scheduled") event.cachedTokens = call.cachedTokens;
+    if (type === "scheduled") {
+      event.cachedTokens = call.cachedTokens;
+      if (this.host) event.hostCachedTokens = call.hostCachedTokens;
+    }
     onCall(event);
   }
 }

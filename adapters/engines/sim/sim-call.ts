@@ -33,8 +33,10 @@ export class SimCall {
   blocks: number[] = [];
   /** Leading blocks already offered to the prefix cache. */
   registered = 0;
-  /** Prompt tokens served from the prefix cache at first scheduling. */
+  /** Prompt tokens served from the prefix cache at first scheduling (GPU and host tiers). */
   cachedTokens = 0;
+  /** Of those, tokens loaded from the host tier. */
+  hostCachedTokens = 0;
   scheduledOnce = false;
   preemptions = 0;
   firstTokenMs: number | undefined;

@@ -7,6 +7,7 @@ import type { KvBlockEvent } from "./block-pool.js";
 import { CallStream } from "./call-stream.js";
 import { mixSeed } from "./hash.js";
 import {
+  hostLoadMsPerToken,
   PRESET_MODELS,
   type PresetName,
   type PresetOverrides,
@@ -50,12 +51,20 @@ export interface SimEngineOptions extends Partial<SimParams> {
   onCall?: (event: SimCallEvent) => void;
   /** Called when a block hash enters or leaves a rank's prefix cache (vLLM's KV events). Must not throw or call back into the engine. */
   onKvEvent?: (rank: number, event: KvBlockEvent) => void;
+  /**
+   * Called when a block hash enters or leaves a rank's host tier (`medium: "CPU"`, as vLLM's
+   * offloading connector reports them). Kept apart from `onKvEvent` so that a consumer of GPU
+   * events never mistakes a host block for a GPU one. Must not throw or call back into the engine.
+   */
+  onHostKvEvent?: (rank: number, event: KvBlockEvent) => void;
 }
 
 /** Cumulative counters of a simulated replica (all ranks). */
 export interface SimStats extends RankCounters {
   /** Cached blocks evicted to make room. */
   evictedBlocks: number;
+  /** Blocks dropped from the host tier to make room (0 without one). */
+  hostEvictedBlocks: number;
   /** Per rank, same fields. */
   ranks: RankCounters[];
 }
@@ -72,6 +81,14 @@ export interface RankSignals {
   promptTokens: number;
   generationTokens: number;
   numBlocks: number;
+  /** Host-tier blocks (0 without a host tier), blocks held there, and its counters. */
+  numHostBlocks: number;
+  hostBlocksUsed: number;
+  hostQueryTokens: number;
+  hostHitTokens: number;
+  hostLoadedTokens: number;
+  hostLoadMs: number;
+  hostStoredBlocks: number;
 }
 
 /**
@@ -120,6 +137,7 @@ export class SimEngine implements Engine {
       onStep,
       onCall,
       onKvEvent,
+      onHostKvEvent,
       ...overrides
     } = options;
     if (typeof id !== "string" || id === "")
@@ -155,6 +173,7 @@ export class SimEngine implements Engine {
           onStep,
           onCall,
           onKvEvent,
+          onHostKvEvent,
         }),
       );
     }
@@ -249,14 +268,24 @@ export class SimEngine implements Engine {
     this.ranks[sim.rank]!.abort(sim);
   }
 
-  /** The `instant` preset: prefix lookup, all output, caching and completion in one go. */
+  /** The `instant` preset: prefix lookup (both tiers), all output, caching and completion in one go. */
   private runInstant(rank: RankSim, sim: SimCall): void {
     const pool = rank.pool;
     const bs = this.params.blockSize;
-    const hits = pool.lookup(sim.hashes, Math.floor((sim.numTokens - 1) / bs));
-    sim.cachedTokens = hits.length * bs;
+    const maxHitBlocks = Math.floor((sim.numTokens - 1) / bs);
+    const hits = pool.lookup(sim.hashes, maxHitBlocks);
+    // The host tier continues the chain where GPU memory lost it (loaded at no time here).
+    const hostBlocks = rank.host ? rank.host.matchFrom(sim.hashes, hits.length, maxHitBlocks) : 0;
+    if (hostBlocks > 0) rank.host!.touch(sim.hashes, hits.length, hostBlocks);
+    sim.hostCachedTokens = hostBlocks * bs;
+    sim.cachedTokens = hits.length * bs + sim.hostCachedTokens;
     rank.counters.prefixQueryTokens += sim.promptLen;
-    rank.counters.prefixHitTokens += sim.cachedTokens;
+    rank.counters.prefixHitTokens += hits.length * bs;
+    if (rank.host) {
+      rank.counters.hostQueryTokens += sim.promptLen - hits.length * bs;
+      rank.counters.hostHitTokens += sim.hostCachedTokens;
+      rank.counters.hostLoadedTokens += sim.hostCachedTokens;
+    }
     rank.counters.promptTokens += sim.promptLen;
     let text = "";
     for (let i = 0; i < sim.maxTokens; i++) text += sim.sample(this.vocabulary).text;
@@ -302,7 +331,7 @@ export class SimEngine implements Engine {
       queries += rank.counters.prefixQueryTokens;
       hits += rank.counters.prefixHitTokens;
     }
-    return {
+    const signals: EngineSignals = {
       readAtMs: this.clock.now(),
       healthy: !this.closed,
       kvUsage: used / blocks,
@@ -317,6 +346,25 @@ export class SimEngine implements Engine {
       dataParallelSize: this.dataParallelSize,
       prefillTokensPerSecond: prefillTokensPerSecond(this.params) * this.dataParallelSize,
     };
+    if (this.ranks[0]!.host) {
+      let hostBlocks = 0;
+      let hostUsed = 0;
+      let hostQueries = 0;
+      let hostHits = 0;
+      for (const rank of this.ranks) {
+        hostBlocks += rank.host!.capacity;
+        hostUsed += rank.host!.size();
+        hostQueries += rank.counters.hostQueryTokens;
+        hostHits += rank.counters.hostHitTokens;
+      }
+      signals.hostKvCapacityTokens = hostBlocks * this.params.blockSize;
+      signals.hostKvUsage = hostUsed / hostBlocks;
+      signals.hostPrefixQueryTokens = hostQueries;
+      signals.hostPrefixHitTokens = hostHits;
+      const msPerToken = hostLoadMsPerToken(this.params);
+      signals.hostLoadTokensPerSecond = msPerToken > 0 ? 1000 / msPerToken : 1e9;
+    }
+    return signals;
   }
 
   /** Signals per rank (what vLLM labels with `engine`). */
@@ -332,6 +380,13 @@ export class SimEngine implements Engine {
       promptTokens: rank.counters.promptTokens,
       generationTokens: rank.counters.generationTokens,
       numBlocks: rank.pool.numBlocks,
+      numHostBlocks: rank.host?.capacity ?? 0,
+      hostBlocksUsed: rank.host?.size() ?? 0,
+      hostQueryTokens: rank.counters.hostQueryTokens,
+      hostHitTokens: rank.counters.hostHitTokens,
+      hostLoadedTokens: rank.counters.hostLoadedTokens,
+      hostLoadMs: rank.counters.hostLoadMs,
+      hostStoredBlocks: rank.counters.hostStoredBlocks,
     }));
   }
 
@@ -346,13 +401,27 @@ export class SimEngine implements Engine {
       for (const key of Object.keys(total) as (keyof RankCounters)[]) total[key] += r[key];
     }
     let evictedBlocks = 0;
-    for (const rank of this.ranks) evictedBlocks += rank.pool.evictedBlocks();
-    return { ...total, evictedBlocks, ranks };
+    let hostEvictedBlocks = 0;
+    for (const rank of this.ranks) {
+      evictedBlocks += rank.pool.evictedBlocks();
+      hostEvictedBlocks += rank.host?.evictedBlocks() ?? 0;
+    }
+    return { ...total, evictedBlocks, hostEvictedBlocks, ranks };
   }
 
   /** Blocks per rank. */
   blocksPerRank(): number {
     return this.ranks[0]!.pool.numBlocks;
+  }
+
+  /** Host-tier blocks per rank (0 without a host tier). */
+  hostBlocksPerRank(): number {
+    return this.ranks[0]!.host?.capacity ?? 0;
+  }
+
+  /** Whether a block with this chained hash is in `rank`'s host tier (for tests). */
+  hasHostBlock(hash: number, rank = 0): boolean {
+    return this.ranks[rank]?.host?.has(hash) ?? false;
   }
 
   /** Whether a block with this chained hash is in `rank`'s prefix cache (for tests). */

@@ -2,13 +2,17 @@
 
 import { z } from "zod";
 import { Refusal } from "../../src/errors.js";
+import { isSessionId } from "../../src/sessions/session-id.js";
 
 const tokenCount = z.number().int().positive();
 
 const contentPart = z.looseObject({ type: z.string() });
 
+/** The chat roles OpenAI's API accepts (`developer` replaces `system` for reasoning models; `function` is the legacy tool role). */
+export const CHAT_ROLES = ["system", "user", "assistant", "tool", "developer", "function"] as const;
+
 const chatMessage = z.looseObject({
-  role: z.string().min(1),
+  role: z.enum(CHAT_ROLES, { error: `role must be one of ${CHAT_ROLES.join(", ")}` }),
   content: z.union([z.string(), z.array(contentPart), z.null()]).optional(),
   name: z.string().optional(),
   tool_call_id: z.string().optional(),
@@ -49,9 +53,7 @@ export const completionBodySchema = z.looseObject({
 export const openSessionBodySchema = z.strictObject({
   id: z
     .string()
-    .min(1)
-    .max(128)
-    .regex(/^[\x21-\x7e]+$/, "a session id is printable ASCII without spaces")
+    .refine(isSessionId, "a session id is 1–256 printable ASCII characters without spaces")
     .optional(),
   lane: z.enum(["interactive", "bulk"]).optional(),
   metadata: z.record(z.string(), z.unknown()).optional(),
@@ -88,4 +90,20 @@ export function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.outp
   const first = issues[0];
   const param = first && first.path.length > 0 ? formatPath(first.path) : null;
   throw new Refusal("invalid_request", `invalid request body: ${lines.join("; ")}`, { param });
+}
+
+/**
+ * A model the fleet serves, checked where no call is submitted yet (a batch
+ * line at creation); a submitted call is checked by the scheduler itself.
+ * An empty list (no replica has reported) checks nothing.
+ */
+export function checkServedModel(models: readonly string[], model: string | undefined): void {
+  if (model === undefined || models.length === 0 || models.includes(model)) return;
+  throw new Refusal(
+    "model_not_found",
+    `model ${JSON.stringify(model)} is not served here; see GET /v1/models`,
+    {
+      param: "model",
+    },
+  );
 }

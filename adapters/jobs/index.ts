@@ -1,0 +1,127 @@
+/** @module Durable asynchronous work: OpenAI's Batch API, `Prefer: respond-async` calls and Idempotency-Key, over one store. */
+
+import type { Hono } from "hono";
+import type { Registry } from "prom-client";
+import type { ApiKeys } from "../http/api-keys.js";
+import type { HttpScheduler } from "../http/app.js";
+import { IdempotencyKeys, idempotencyMiddleware } from "./idempotency.js";
+import { NO_JOB_EVENTS, registerJobMetrics } from "./metrics.js";
+import { type JobsEnv, type JobsRouteContext, mountJobRoutes } from "./routes.js";
+import { JobRunner } from "./runner.js";
+import { JobStore } from "./store.js";
+
+export { parseBatchInput } from "./batch-input.js";
+export { IdempotencyKeys, idempotencyMiddleware } from "./idempotency.js";
+export type { JobsEnv, JobsRouteContext } from "./routes.js";
+export { JobRunner } from "./runner.js";
+export { DEFAULT_DATA_DIR, JobStore } from "./store.js";
+export type * from "./types.js";
+
+/** Default largest uploaded file: 200 MiB (OpenAI's limit for a batch input file). */
+export const DEFAULT_FILE_LIMIT_BYTES = 200 * 1024 * 1024;
+
+/** Options of {@link Jobs.open}. */
+export interface JobsOptions {
+  scheduler: HttpScheduler;
+  /** Where jobs and files live; omitted: a temporary directory (nothing survives a restart). */
+  dataDir?: string;
+  /** Lines and asynchronous calls running at once. Default 32. */
+  concurrency?: number;
+  /** Largest uploaded file, bytes. Default 200 MiB. */
+  fileLimitBytes?: number;
+  /** How long a response is kept for its Idempotency-Key, ms. Default 24 h. */
+  idempotencyTtlMs?: number;
+  /** Most responses kept for Idempotency-Keys. Default 10000. */
+  idempotencyMaxRecords?: number;
+  /** Poll interval a pending asynchronous call advertises (Retry-After), s. Default 1. */
+  pollSeconds?: number;
+  /** Wall clock, ms since the epoch. */
+  now?: () => number;
+  log?: (line: string) => void;
+  /** Registry for the job metrics (`sluice_job_*`, `sluice_batches_active`, `sluice_idempotency_keys`); none when omitted. */
+  registry?: Registry;
+}
+
+/** What `createApp` needs to mount jobs: one call, before its own routes. */
+export interface JobsMount {
+  mount(app: Hono<JobsEnv>, ctx: JobsRouteContext & { keys?: ApiKeys | undefined }): void;
+}
+
+/** The job store, its runner and its routes, opened and closed together. */
+export class Jobs implements JobsMount {
+  readonly store: JobStore;
+  readonly runner: JobRunner;
+  readonly idempotency: IdempotencyKeys;
+  private readonly options: JobsOptions;
+  private sweep: ReturnType<typeof setInterval> | undefined;
+
+  private constructor(store: JobStore, options: JobsOptions) {
+    this.store = store;
+    this.options = options;
+    // The gauges read the runner and the keys at scrape time, after both exist.
+    const events = options.registry
+      ? registerJobMetrics(options.registry, {
+          running: () => this.runner.running,
+          activeBatches: () => this.runner.activeBatches,
+          idempotencyKeys: () => ({ running: this.idempotency.inProgress, stored: this.idempotency.size }),
+        })
+      : NO_JOB_EVENTS;
+    this.runner = new JobRunner({
+      events,
+      store,
+      scheduler: options.scheduler,
+      ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
+      ...(options.now ? { now: options.now } : {}),
+      ...(options.log ? { log: options.log } : {}),
+    });
+    this.idempotency = new IdempotencyKeys({
+      store,
+      ...(options.idempotencyTtlMs !== undefined ? { ttlMs: options.idempotencyTtlMs } : {}),
+      ...(options.idempotencyMaxRecords !== undefined ? { maxRecords: options.idempotencyMaxRecords } : {}),
+      ...(options.now ? { now: options.now } : {}),
+    });
+  }
+
+  /** Opens the store (taking `dataDir`); call `start()` once the scheduler runs. */
+  static async open(options: JobsOptions): Promise<Jobs> {
+    const store = await JobStore.open({
+      ...(options.dataDir !== undefined ? { dataDir: options.dataDir } : {}),
+      ...(options.log ? { log: options.log } : {}),
+    });
+    return new Jobs(store, options);
+  }
+
+  mount(app: Hono<JobsEnv>, ctx: JobsRouteContext & { keys?: ApiKeys | undefined }): void {
+    const fileLimitBytes = this.options.fileLimitBytes ?? DEFAULT_FILE_LIMIT_BYTES;
+    app.use(
+      "*",
+      idempotencyMiddleware({
+        keys: this.idempotency,
+        apiKeys: ctx.keys,
+        bodyLimitOf: (path) => (path === "/v1/files" ? fileLimitBytes : ctx.bodyLimitBytes),
+      }),
+    );
+    mountJobRoutes(app, ctx, {
+      store: this.store,
+      runner: this.runner,
+      scheduler: this.options.scheduler,
+      fileLimitBytes,
+      pollSeconds: this.options.pollSeconds ?? 1,
+      now: this.options.now ?? Date.now,
+    });
+  }
+
+  /** Resumes unfinished batches and calls (after a restart or a crash). */
+  async start(): Promise<void> {
+    await this.runner.start();
+    this.sweep = setInterval(() => this.idempotency.sweep(), 60_000);
+    this.sweep.unref();
+  }
+
+  /** Stops running work (it runs again after a restart) and closes the store. */
+  async close(): Promise<void> {
+    if (this.sweep) clearInterval(this.sweep);
+    await this.runner.close();
+    await this.store.close();
+  }
+}

@@ -1,0 +1,382 @@
+/**
+ * @module Two KV tiers against one: the simulated replicas with and without a host-memory tier, under
+ * the benchmark's policies, on `agents-256` and the Mooncake conversation trace; plus the simulator's
+ * own speed with both tiers and, with `--capacity`, each policy's SLO capacity on the trace.
+ *
+ * Run: `npx tsx bench/tiers.ts [--only speed,agents-256,mooncake,capacity] [--host-kv-tokens N]
+ * [--mooncake-load X] [--out FILE]`; writes `bench/results/tiers.json`. Numbers are measured, never tuned:
+ * every target is reported as met or missed. See docs/tiers.md.
+ */
+
+import { setMaxListeners } from "node:events";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { parseArgs } from "node:util";
+import { fmix32 } from "../adapters/engines/sim/hash.js";
+import type { PresetOverrides } from "../adapters/engines/sim/presets.js";
+import { resolveSimParams } from "../adapters/engines/sim/presets.js";
+import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
+import { type Clock, VirtualClock } from "../src/clock.js";
+import { simFleet } from "./fleet.js";
+import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
+import { runPolicy } from "./run.js";
+import { compileWorkload, NAMED_WORKLOADS } from "./workloads/index.js";
+import { expandMooncakeTokens, loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const PRESET = "h100-llama3-8b" as const;
+const REPLICAS = 4;
+/** The policies compared (SPEC 13): no admission, request-level prefix routing, CONCUR's window, sluice. */
+export const TIER_POLICIES: readonly BenchPolicy[] = ["rr", "gate-prefix", "concur", "sluice"];
+
+/**
+ * Host tier per rank: 4 × the GPU tier. On `h100-llama3-8b` that is 1.756 M
+ * tokens × 128 KiB ≈ 214 GiB of pinned host memory per H100 — what an
+ * 8-GPU node with 2 TiB of RAM can give each GPU.
+ */
+export const DEFAULT_HOST_KV_TOKENS = 4 * resolveSimParams(PRESET).kvCapacityTokens;
+
+/** One policy run, as this benchmark reports it. */
+export interface TierRow {
+  workload: string;
+  tiers: 1 | 2;
+  policy: BenchPolicy;
+  load: number;
+  makespan_s: number;
+  slo_attainment: number;
+  ttft_p50_s: number;
+  ttft_p99_s: number;
+  /** Prompt tokens served from the GPU tier ÷ prompt tokens. */
+  gpu_hit_rate: number;
+  /** Prompt tokens loaded from the host tier ÷ prompt tokens. */
+  host_hit_rate: number;
+  /** Both tiers: prompt tokens not computed ÷ prompt tokens. */
+  hit_rate: number;
+  /** Tokens computed a second time after a preemption (the benchmark's `recomputed_tokens`). */
+  recomputed_tokens: number;
+  /**
+   * Prompt tokens an ideal prefix cache would have held (the workload's
+   * `cachedAtBest`, summed) that neither tier had: prefixes evicted and
+   * computed again.
+   */
+  evicted_prefix_tokens: number;
+  /** Everything computed again: `recomputed_tokens + evicted_prefix_tokens`. */
+  recomputed_tokens_total: number;
+  /** Prompt tokens neither tier held at a call's first scheduling (computed from scratch, or again). */
+  uncached_prompt_tokens: number;
+  /** Tokens loaded from the host tier (resumed preempted calls included) and the time it took, s. */
+  host_loaded_tokens: number;
+  host_load_s: number;
+  preemptions: number;
+  completed: number;
+  unfinished: number;
+  wall_s: number;
+}
+
+/** The benchmark's fleet (`simFleet`), keeping the engines it made to read their counters after the run. */
+function tierFleet(preset: PresetOverrides): FleetFactory & { engines: SimEngine[] } {
+  const base = simFleet(preset, `${PRESET}${preset.hostKvTokens ? ` + host ${preset.hostKvTokens}` : ""}`);
+  const fleet = {
+    ...base,
+    engines: [] as SimEngine[],
+    createEngines(clock: Clock, replicas: number) {
+      fleet.engines = base.createEngines(clock, replicas) as SimEngine[];
+      return fleet.engines;
+    },
+  };
+  return fleet;
+}
+
+function round(x: number, digits = 4): number {
+  const f = 10 ** digits;
+  return Math.round(x * f) / f;
+}
+
+/** Runs one workload under one policy, with or without the host tier, and reads both tiers' counters. */
+export async function runTier(options: {
+  workload: "agents-256" | "mooncake";
+  policy: BenchPolicy;
+  hostKvTokens: number;
+  load?: number;
+  onProgress?: (line: string) => void;
+}): Promise<{ row: TierRow; run: PolicyRun }> {
+  const load = options.load ?? 1;
+  const named = NAMED_WORKLOADS[options.workload]!;
+  const preset: PresetOverrides = { base: PRESET, hostKvTokens: options.hostKvTokens };
+  const fleet = tierFleet(preset);
+  const spec = named.spec({ replicas: REPLICAS, model: fleet.stepModel });
+  const workload = compileWorkload(spec, { name: options.workload, load });
+  const run = await runPolicy({
+    workload,
+    policy: options.policy,
+    replicas: REPLICAS,
+    fleet,
+    ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+  });
+  let queries = 0;
+  let gpuHits = 0;
+  let hostHits = 0;
+  let hostLoaded = 0;
+  let hostLoadMs = 0;
+  for (const engine of fleet.engines) {
+    const s = engine.stats();
+    queries += s.prefixQueryTokens;
+    gpuHits += s.prefixHitTokens;
+    hostHits += s.hostHitTokens;
+    hostLoaded += s.hostLoadedTokens;
+    hostLoadMs += s.hostLoadMs;
+  }
+  const rate = (x: number) => (queries > 0 ? round(x / queries) : 0);
+  let cachedAtBest = 0;
+  for (const call of workload.calls) cachedAtBest += call.cachedAtBest;
+  const evictedPrefix = Math.max(0, cachedAtBest - gpuHits - hostHits);
+  const row: TierRow = {
+    workload: options.workload,
+    tiers: options.hostKvTokens > 0 ? 2 : 1,
+    policy: options.policy,
+    load,
+    makespan_s: run.row.makespan_s,
+    slo_attainment: run.row.slo_attainment,
+    ttft_p50_s: run.row.ttft_p50_s,
+    ttft_p99_s: run.row.ttft_p99_s,
+    gpu_hit_rate: rate(gpuHits),
+    host_hit_rate: rate(hostHits),
+    hit_rate: rate(gpuHits + hostHits),
+    recomputed_tokens: run.row.recomputed_tokens,
+    evicted_prefix_tokens: evictedPrefix,
+    recomputed_tokens_total: run.row.recomputed_tokens + evictedPrefix,
+    uncached_prompt_tokens: queries - gpuHits - hostHits,
+    host_loaded_tokens: hostLoaded,
+    host_load_s: round(hostLoadMs / 1000, 3),
+    preemptions: run.row.preemptions,
+    completed: run.row.completed,
+    unfinished: run.unfinished,
+    wall_s: run.wallS,
+  };
+  return { row, run };
+}
+
+/**
+ * The simulator alone, as `bench/sim.ts` measures it: the one-hour Mooncake
+ * conversation trace on 4 replicas, conversations placed by key hash, no
+ * scheduler in front — here with both tiers. Goal: ≤ 60 s of wall time.
+ */
+export async function simSpeed(hostKvTokens: number): Promise<Record<string, number>> {
+  const requests = loadMooncakeTrace(mooncakeTracePath("conversation"));
+  const clock = new VirtualClock();
+  const replicas = Array.from(
+    { length: REPLICAS },
+    (_, i) => new SimEngine({ id: `r${i}`, clock, preset: { base: PRESET, hostKvTokens } }),
+  );
+  const signal = new AbortController().signal;
+  setMaxListeners(0, signal);
+  let done = 0;
+  let next = 0;
+  const wallStart = performance.now();
+  const arrive = (): void => {
+    const now = clock.now();
+    while (next < requests.length && requests[next]!.arrivalMs <= now) {
+      const request = requests[next++]!;
+      const engine = replicas[fmix32(request.sessionKey) % replicas.length]!;
+      engine
+        .generate({
+          requestId: `m${request.index}`,
+          model: engine.model,
+          promptTokens: expandMooncakeTokens(request.hashIds, request.inputLength),
+          maxTokens: Math.max(1, request.outputLength),
+          endpoint: "completions",
+          stream: false,
+          signal,
+        })
+        .then(
+          (stream) => void stream.result.then(() => done++),
+          () => done++,
+        );
+    }
+    if (next < requests.length) clock.setTimeout(arrive, requests[next]!.arrivalMs - now);
+  };
+  clock.setTimeout(arrive, requests[0]?.arrivalMs ?? 0);
+  await clock.runAsyncUntil(() => done === requests.length);
+  const wallS = (performance.now() - wallStart) / 1000;
+  let queries = 0;
+  let gpuHits = 0;
+  let hostHits = 0;
+  for (const engine of replicas) {
+    const s = engine.stats();
+    queries += s.prefixQueryTokens;
+    gpuHits += s.prefixHitTokens;
+    hostHits += s.hostHitTokens;
+  }
+  return {
+    host_kv_tokens_per_rank: hostKvTokens,
+    requests: requests.length,
+    sim_s: round(clock.now() / 1000, 1),
+    wall_s: round(wallS, 2),
+    gpu_hit_rate: round(gpuHits / queries),
+    host_hit_rate: round(hostHits / queries),
+  };
+}
+
+/** Largest load at which ≥ 90 % of calls get a first token within the 5 s SLO: a grid, then bisection. */
+export async function sloCapacity(
+  policy: BenchPolicy,
+  hostKvTokens: number,
+  onProgress: (line: string) => void,
+  grid: readonly number[] = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4],
+  bisections = 3,
+): Promise<{ capacity: number; tried: { load: number; ttft_miss: number; wall_s: number }[] }> {
+  const tried: { load: number; ttft_miss: number; wall_s: number }[] = [];
+  const meets = async (load: number): Promise<boolean> => {
+    const { run } = await runTier({ workload: "mooncake", policy, hostKvTokens, load });
+    tried.push({ load, ttft_miss: run.ttftMiss, wall_s: run.wallS });
+    onProgress(
+      `[capacity] ${policy} ${hostKvTokens > 0 ? "2 tiers" : "1 tier"} load ${load}: ` +
+        `${(run.ttftMiss * 100).toFixed(1)} % miss the TTFT SLO (${run.wallS} s wall)`,
+    );
+    return run.ttftMiss <= 0.1;
+  };
+  let good = 0;
+  let bad: number | undefined;
+  for (const load of grid) {
+    if (await meets(load)) good = load;
+    else {
+      bad = load;
+      break;
+    }
+  }
+  if (bad === undefined) return { capacity: good, tried };
+  for (let i = 0; i < bisections; i++) {
+    const mid = round((good + bad) / 2, 3);
+    if (await meets(mid)) good = mid;
+    else bad = mid;
+  }
+  return { capacity: good, tried };
+}
+
+/** One target of the issue, as measured. */
+interface Target {
+  target: string;
+  measured: number;
+  goal: string;
+  met: boolean;
+}
+
+function find(rows: readonly TierRow[], workload: string, tiers: 1 | 2, policy: string): TierRow | undefined {
+  return rows.find((r) => r.workload === workload && r.tiers === tiers && r.policy === policy);
+}
+
+/** Runs what `--only` names (default: speed, agents-256, mooncake) and returns the document written. */
+export async function runTiersBench(
+  options: {
+    only?: readonly string[];
+    hostKvTokens?: number;
+    mooncakeLoad?: number;
+    onProgress?: (line: string) => void;
+  } = {},
+): Promise<Record<string, unknown>> {
+  const only = new Set(options.only ?? ["speed", "agents-256", "mooncake"]);
+  const hostKvTokens = options.hostKvTokens ?? DEFAULT_HOST_KV_TOKENS;
+  const log = options.onProgress ?? (() => {});
+  const out: Record<string, unknown> = {
+    preset: PRESET,
+    replicas: REPLICAS,
+    gpu_kv_tokens_per_rank: resolveSimParams(PRESET).kvCapacityTokens,
+    host_kv_tokens_per_rank: hostKvTokens,
+    host_load_gb_per_s: resolveSimParams(PRESET).hostLoadGBps,
+  };
+  const rows: TierRow[] = [];
+  const targets: Target[] = [];
+  if (only.has("speed")) {
+    const oneTier = await simSpeed(0);
+    log(`[speed] one tier ${JSON.stringify(oneTier)}`);
+    const speed = await simSpeed(hostKvTokens);
+    log(`[speed] two tiers ${JSON.stringify(speed)}`);
+    out.sim_speed = { one_tier: oneTier, two_tiers: speed };
+    targets.push({
+      target: "simulator alone, Mooncake conversation (1 h) on 4 replicas with both tiers, wall s",
+      measured: speed.wall_s!,
+      goal: "≤ 60",
+      met: speed.wall_s! <= 60,
+    });
+  }
+  const replay = async (workload: "agents-256" | "mooncake", load: number) => {
+    for (const tiers of [1, 2] as const) {
+      for (const policy of TIER_POLICIES) {
+        const { row } = await runTier({
+          workload,
+          policy,
+          hostKvTokens: tiers === 2 ? hostKvTokens : 0,
+          load,
+          onProgress: log,
+        });
+        log(`[${workload}] ${JSON.stringify(row)}`);
+        rows.push(row);
+      }
+    }
+  };
+  if (only.has("agents-256")) {
+    await replay("agents-256", 1);
+    const sluice2 = find(rows, "agents-256", 2, "sluice")!;
+    const rr2 = find(rows, "agents-256", 2, "rr")!;
+    const sluice1 = find(rows, "agents-256", 1, "sluice")!;
+    targets.push({
+      target: "agents-256, two tiers: rr makespan ÷ sluice",
+      measured: round(rr2.makespan_s / sluice2.makespan_s, 3),
+      goal: "≥ 2",
+      met: rr2.makespan_s >= 2 * sluice2.makespan_s,
+    });
+    // Preemption recompute alone is zero for sluice (its window keeps the batch in KV), so the
+    // target is read on everything computed again: preempted work plus evicted prefixes.
+    targets.push({
+      target:
+        "agents-256, sluice: recomputed tokens (preempted + evicted prefixes) with the host tier ÷ without",
+      measured: round(sluice2.recomputed_tokens_total / Math.max(1, sluice1.recomputed_tokens_total), 3),
+      goal: "≤ 0.5",
+      met: sluice2.recomputed_tokens_total <= 0.5 * sluice1.recomputed_tokens_total,
+    });
+  }
+  if (only.has("mooncake")) await replay("mooncake", options.mooncakeLoad ?? 1);
+  if (only.has("capacity")) {
+    const capacity: Record<string, unknown>[] = [];
+    for (const policy of TIER_POLICIES) {
+      for (const tiers of [1, 2] as const) {
+        const found = await sloCapacity(policy, tiers === 2 ? hostKvTokens : 0, log);
+        capacity.push({ policy, tiers, capacity: found.capacity, tried: found.tried });
+      }
+    }
+    // SPEC 13: per policy, and the ratio to rr with the same tiers.
+    for (const entry of capacity) {
+      const rr = capacity.find((c) => c.policy === "rr" && c.tiers === entry.tiers)?.capacity as number;
+      entry.ratio_to_rr = rr > 0 ? round((entry.capacity as number) / rr, 3) : null;
+    }
+    out.slo_capacity = capacity;
+  }
+  out.results = rows;
+  out.targets = targets;
+  return out;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  const { values } = parseArgs({
+    options: {
+      only: { type: "string" },
+      "host-kv-tokens": { type: "string" },
+      "mooncake-load": { type: "string" },
+      out: { type: "string" },
+    },
+  });
+  const log = (line: string) => process.stderr.write(`${line}\n`);
+  const result = await runTiersBench({
+    ...(values.only ? { only: values.only.split(",").map((s) => s.trim()) } : {}),
+    ...(values["host-kv-tokens"] ? { hostKvTokens: Number(values["host-kv-tokens"]) } : {}),
+    ...(values["mooncake-load"] ? { mooncakeLoad: Number(values["mooncake-load"]) } : {}),
+    onProgress: log,
+  });
+  const path = values.out ?? join(HERE, "results", "tiers.json");
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, `${JSON.stringify(result, null, 2)}\n`);
+  for (const t of result.targets as Target[])
+    process.stdout.write(`${t.met ? "met   " : "MISSED"}  ${t.target} = ${t.measured} (goal ${t.goal})\n`);
+  process.stdout.write(`wrote ${path}\n`);
+}

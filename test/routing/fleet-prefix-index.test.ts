@@ -1,0 +1,226 @@
+/** @module Tests of the fleet-wide prefix index, against the per-replica index it replaces. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import fc from "fast-check";
+import { blockHashes } from "../../src/routing/block-hash.js";
+import { FleetPrefixIndex } from "../../src/routing/fleet-prefix-index.js";
+import { PrefixIndex } from "../../src/routing/prefix-index.js";
+
+function prompt(n: number, salt: number): number[] {
+  return Array.from({ length: n }, (_, i) => (Math.imul(i + salt * 100_003, 2654435761) >>> 8) % 200_000);
+}
+
+function fleet(capacity: Record<string, number>): FleetPrefixIndex {
+  return new FleetPrefixIndex({ capacityBlocks: (replica) => capacity[replica] ?? 100 });
+}
+
+describe("FleetPrefixIndex", () => {
+  it("gives every replica its longest unbroken prefix in one match, leaving out replicas with none", () => {
+    const index = fleet({});
+    const sys = prompt(64 * 4, 1);
+    const a = blockHashes([...sys, ...prompt(64 * 3, 2)], 64);
+    const b = blockHashes([...sys, ...prompt(64 * 5, 3)], 64);
+    index.record("r0", a);
+    index.record("r1", b);
+    index.record("r2", a.slice(0, 2));
+    index.record("r3", blockHashes(prompt(64 * 2, 9), 64));
+    assert.deepEqual([...index.match(a)].sort(), [
+      ["r0", 7],
+      ["r1", 4],
+      ["r2", 2],
+    ]);
+    assert.deepEqual([...index.match(b)].sort(), [
+      ["r0", 4],
+      ["r1", 9],
+      ["r2", 2],
+    ]);
+    assert.equal(index.match(blockHashes(prompt(640, 4), 64)).size, 0);
+    assert.equal(index.match([]).size, 0);
+    assert.equal(index.matchReplica("r1", a), 4);
+    assert.equal(index.matchReplica("nobody", a), 0);
+    assert.deepEqual(index.stats().entries, 7 + 9 + 2 + 2);
+    assert.equal(index.stats().nodes, 7 + 5 + 2);
+    index.checkInvariants();
+  });
+
+  it("does not score blocks held after a gap: a chain is keyed by its whole prefix", () => {
+    const index = fleet({});
+    const h = blockHashes(prompt(64 * 4, 1), 64);
+    index.record("gap", h.slice(1));
+    index.record("full", h);
+    assert.deepEqual([...index.match(h)], [["full", 4]]);
+    assert.equal(index.matchReplica("gap", h), 0);
+    index.checkInvariants();
+  });
+
+  it("accepts any strings as hashes, not only rendered ones", () => {
+    const index = fleet({});
+    index.record("r0", ["a", "b", "c"]);
+    index.record("r1", ["a", "B"]);
+    assert.deepEqual([...index.match(["a", "b", "x"])].sort(), [
+      ["r0", 2],
+      ["r1", 1],
+    ]);
+    assert.deepEqual([...index.match(["zz"])], []);
+    index.forget("r0");
+    index.forget("r1");
+    assert.deepEqual(index.stats().nodes, 0);
+    index.checkInvariants();
+  });
+
+  it("evicts each replica's least recently used blocks beyond its capacity, a chain's tail first", () => {
+    const index = fleet({ small: 6, big: 100 });
+    const a = blockHashes(prompt(64 * 4, 1), 64);
+    const b = blockHashes(prompt(64 * 4, 2), 64);
+    index.record("small", a);
+    index.record("big", a);
+    index.record("small", b);
+    assert.equal(index.blocksHeld("small"), 6);
+    assert.equal(index.matchReplica("small", b), 4);
+    assert.equal(index.matchReplica("small", a), 2);
+    assert.equal(index.matchReplica("big", a), 4);
+    index.record("small", a);
+    assert.equal(index.matchReplica("small", a), 4);
+    assert.equal(index.matchReplica("small", b), 2);
+    index.checkInvariants();
+  });
+
+  it("shrinks a replica on resize, forgets one on forget, and frees nodes nobody holds", () => {
+    const index = fleet({});
+    const a = blockHashes(prompt(64 * 10, 1), 64);
+    index.record("r0", a);
+    index.record("r1", a.slice(0, 3));
+    index.resize("r0", 4);
+    assert.equal(index.matchReplica("r0", a), 4);
+    assert.equal(index.stats().nodes, 4);
+    index.forget("r0");
+    assert.deepEqual([...index.match(a)], [["r1", 3]]);
+    assert.equal(index.stats().nodes, 3);
+    index.forget("r1");
+    assert.deepEqual(index.stats(), { ...index.stats(), nodes: 0, entries: 0, replicas: 0 });
+    assert.throws(() => index.resize("r0", 0), /got 0/);
+    index.checkInvariants();
+  });
+
+  it("asks capacityBlocks on each record and rejects a capacity that is not a positive integer", () => {
+    let capacity = 5;
+    const index = new FleetPrefixIndex({ capacityBlocks: () => capacity });
+    const a = blockHashes(prompt(64 * 10, 1), 64);
+    index.record("r0", a);
+    assert.equal(index.blocksHeld("r0"), 5);
+    capacity = 2;
+    index.record("r0", a.slice(0, 1));
+    assert.equal(index.blocksHeld("r0"), 2);
+    capacity = 0.5;
+    assert.throws(() => index.record("r0", a), /got 0.5/);
+    capacity = Number.POSITIVE_INFINITY;
+    index.record("r0", a);
+    assert.equal(index.blocksHeld("r0"), 10);
+    index.checkInvariants();
+  });
+
+  it("grows and shrinks its tables through many records, evictions and forgets", () => {
+    const index = fleet({ r0: 500, r1: 300, r2: 2000 });
+    const sys = prompt(64 * 8, 1);
+    for (let round = 0; round < 60; round++) {
+      const hashes = blockHashes([...sys, ...prompt(64 * (20 + (round % 7)), 10 + round)], 64);
+      index.record(`r${round % 3}`, hashes);
+      if (round % 17 === 16) index.forget("r1");
+      assert.equal(
+        index.matchReplica(`r${round % 3}`, hashes),
+        Math.min(hashes.length, index.blocksHeld(`r${round % 3}`)),
+      );
+    }
+    index.checkInvariants();
+    const stats = index.stats();
+    assert.ok(stats.entries > 1000 && stats.entries <= 2800, `${stats.entries} entries`);
+    assert.ok(stats.allocatedBytes >= stats.liveBytes * 0.5);
+    for (const r of ["r0", "r1", "r2"]) index.forget(r);
+    assert.equal(index.stats().entries, 0);
+    assert.equal(index.stats().nodes, 0);
+    index.checkInvariants();
+  });
+
+  it("keeps a tier tag per entry", () => {
+    const index = fleet({});
+    const a = blockHashes(prompt(64 * 3, 1), 64);
+    index.record("r0", a);
+    index.record("r1", a, "host");
+    assert.equal(index.tierOf("r0", a), "gpu");
+    assert.equal(index.tierOf("r1", a.slice(0, 2)), "host");
+    assert.equal(index.tierOf("r2", a), undefined);
+  });
+
+  it("matches what per-replica LRU indexes would, on random fleets and chains (property)", () => {
+    // Chains built from a few shared heads and random tails, so prefixes overlap across replicas.
+    const chainArb = fc.record({
+      head: fc.integer({ min: 0, max: 3 }),
+      headBlocks: fc.integer({ min: 0, max: 6 }),
+      tail: fc.integer({ min: 0, max: 40 }),
+      tailBlocks: fc.integer({ min: 0, max: 8 }),
+    });
+    const opArb = fc.oneof(
+      fc.record({
+        kind: fc.constant("record" as const),
+        replica: fc.integer({ min: 0, max: 5 }),
+        chain: chainArb,
+      }),
+      fc.record({ kind: fc.constant("match" as const), chain: chainArb }),
+      fc.record({ kind: fc.constant("forget" as const), replica: fc.integer({ min: 0, max: 5 }) }),
+      fc.record({
+        kind: fc.constant("resize" as const),
+        replica: fc.integer({ min: 0, max: 5 }),
+        capacity: fc.integer({ min: 1, max: 60 }),
+      }),
+    );
+    const hashesOf = (c: { head: number; headBlocks: number; tail: number; tailBlocks: number }) =>
+      blockHashes([...prompt(8 * c.headBlocks, c.head), ...prompt(8 * c.tailBlocks, 1000 + c.tail)], 8);
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 1, max: 60 }), { minLength: 6, maxLength: 6 }),
+        fc.array(opArb, { maxLength: 80 }),
+        (caps, ops) => {
+          const capacity = caps.slice();
+          const fleetIndex = new FleetPrefixIndex({ capacityBlocks: (r) => capacity[Number(r.slice(1))]! });
+          let old = new Map<string, PrefixIndex>();
+          const oldOf = (r: string) => {
+            let index = old.get(r);
+            if (!index) {
+              index = new PrefixIndex(capacity[Number(r.slice(1))]!);
+              old.set(r, index);
+            }
+            return index;
+          };
+          for (const op of ops) {
+            if (op.kind === "record") {
+              const hashes = hashesOf(op.chain);
+              fleetIndex.record(`r${op.replica}`, hashes);
+              oldOf(`r${op.replica}`).record(hashes);
+            } else if (op.kind === "forget") {
+              fleetIndex.forget(`r${op.replica}`);
+              old.delete(`r${op.replica}`);
+            } else if (op.kind === "resize") {
+              capacity[op.replica] = op.capacity;
+              fleetIndex.resize(`r${op.replica}`, op.capacity);
+              old.get(`r${op.replica}`)?.resize(op.capacity);
+            } else {
+              const hashes = hashesOf(op.chain);
+              const expected = new Map<string, number>();
+              for (const [r, index] of old) {
+                const blocks = index.matchBlocks(hashes);
+                if (blocks > 0) expected.set(r, blocks);
+                assert.equal(fleetIndex.matchReplica(r, hashes), blocks);
+              }
+              assert.deepEqual(new Map([...fleetIndex.match(hashes)].sort()), new Map([...expected].sort()));
+            }
+          }
+          for (const [r, index] of old) assert.equal(fleetIndex.blocksHeld(r), index.size);
+          fleetIndex.checkInvariants();
+          old = new Map();
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+});
