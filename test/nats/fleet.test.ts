@@ -221,18 +221,6 @@ describe("a replica killed under the fleet", () => {
       }
       assert.fail(`${agent.session} never got its step through`);
     };
-    const debug = setInterval(async () => {
-      if (!process.env.FLEET_DEBUG) return;
-      for (const f of frontends) {
-        const st = await adminState(f.url);
-        console.error(
-          f.url,
-          JSON.stringify(st?.sessions),
-          JSON.stringify(st?.replicas.map((r) => [r.id, r.healthy, r.window])),
-        );
-      }
-      for (const a of agents) console.error(a.session, a.steps, a.refused, a.replicas.join(","));
-    }, 3000);
     // Two steps each: the 4 sessions fill both replicas' windows (2 + 2).
     for (let round = 0; round < 2; round++) await Promise.all(agents.map(step));
     const onDead = agents.filter((agent) => agent.replicas.at(-1) === "sim-0");
@@ -253,7 +241,6 @@ describe("a replica killed under the fleet", () => {
         assert.equal(closed.status, 204);
       }),
     );
-    clearInterval(debug);
     for (const agent of agents) {
       assert.deepEqual(agent.replicas.slice(2), ["sim-1", "sim-1", "sim-1"], agent.session);
     }
