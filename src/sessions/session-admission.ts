@@ -18,55 +18,83 @@ export type AdmissionUnit = "tokens" | "sessions";
 /** Where a session stands; `dormant` shows as `paused` in SPEC 8's view. */
 export type SessionStatus = "waiting" | "active" | "paused" | "dormant" | "closed";
 
+/**
+ * Where a session stands, with what only that state has: a pin exists from
+ * the first admission on, a pause request only while active, a leaving time
+ * only while paused or dormant. Every transition replaces it whole.
+ */
+export type SessionPlace =
+  | { readonly state: "waiting" }
+  | { readonly state: "active"; readonly replica: string; readonly pauseRequested: boolean }
+  | { readonly state: "paused" | "dormant"; readonly replica: string; readonly since: number }
+  | { readonly state: "closed"; readonly replica: string | null };
+
 /** One session as the admission layer tracks it. */
-export interface SessionRecord {
-  readonly id: string;
-  lane: Lane | undefined;
-  metadata: Record<string, unknown> | undefined;
-  state: SessionStatus;
-  /** Replica the session is pinned to (it holds its window place there while active). */
-  replica: string | null;
-  steps: number;
+export class SessionRecord {
+  /** Where it stands; changed only by `SessionAdmission`'s transitions. */
+  place: SessionPlace = { state: "waiting" };
+  steps = 0;
   /** Tokens of the context: last prompt plus its output. */
-  tokens: number;
+  tokens = 0;
   /** Steps in flight right now. */
-  running: number;
-  /** The window shrank: pause this session at its next step boundary. */
-  pauseRequested: boolean;
+  running = 0;
   /** Order of first admission; the youngest (largest) are paused first. */
-  admittedSeq: number;
-  /** When it last left the window (paused or dormant). */
-  pausedAt: number;
+  admittedSeq = 0;
   /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
-  movedFrom: string | null;
+  movedFrom: string | null = null;
   /** Its replica went unhealthy, or it came from another frontend: it waits ahead of every session never admitted. */
-  evacuated: boolean;
+  evacuated = false;
   /** Handed over by another frontend: the replica holding its cache, the only one it waits for while that one accepts. */
-  home: string | null;
+  home: string | null = null;
   /** Steps waiting for this session to become active. */
-  readonly waiters: StepWaiter[];
+  readonly waiters: StepWaiter[] = [];
   /** Free for the scheduler: per-session routing state (incremental hashes). */
-  routing: unknown;
+  routing: unknown = undefined;
   /** Prompt plus `max_tokens` of the steps waiting or running now, the most one of them can hold; 0 between steps. */
-  demandTokens: number;
+  demandTokens = 0;
   /** Sum and count of context growth per step after the first (its own learned growth). */
-  growthTokens: number;
-  growthSamples: number;
+  growthTokens = 0;
+  growthSamples = 0;
   /** Growth expected of its next step, fixed when its last step ended (so a footprint changes only with the session). */
-  expectedGrowthTokens: number;
+  expectedGrowthTokens = 0;
   /** When its last step ended (clock ms); NaN while a step runs or before the first. */
-  idleSince: number;
+  idleSince = Number.NaN;
   /** How long it keeps its place once idle before it may go dormant, ms. */
-  retentionMs: number;
+  retentionMs = 0;
   /** The client's hint for the idle gap after the step running now, ms. */
-  expectedIdleMs: number | undefined;
+  expectedIdleMs: number | undefined = undefined;
   /** Its own recent idle gaps. */
-  gaps: IdleGaps | undefined;
-  /** When it was last used (clock ms), for idle expiry. */
-  touchedAt: number;
+  gaps: IdleGaps | undefined = undefined;
   /** What it counts for in `heldOn`'s window now (0 when not counted). */
-  held: number;
-  heldOn: ReplicaSlots | null;
+  held = 0;
+  heldOn: ReplicaSlots | null = null;
+
+  constructor(
+    readonly id: string,
+    public lane: Lane | undefined,
+    public metadata: Record<string, unknown> | undefined,
+    /** When it was last used (clock ms), for idle expiry. */
+    public touchedAt: number,
+  ) {}
+
+  get state(): SessionStatus {
+    return this.place.state;
+  }
+
+  /** Replica the session is pinned to (it holds its window place there while active); null before its first admission. */
+  get replica(): string | null {
+    return this.place.state === "waiting" ? null : this.place.replica;
+  }
+
+  /** The window shrank: pause this session at its next step boundary. */
+  get pauseRequested(): boolean {
+    return this.place.state === "active" && this.place.pauseRequested;
+  }
+
+  /** When it last left the window (paused or dormant); 0 otherwise. */
+  get pausedAt(): number {
+    return this.place.state === "paused" || this.place.state === "dormant" ? this.place.since : 0;
+  }
 }
 
 /** What a frontend handing a session over tells the next holder (scale-out). */
@@ -252,35 +280,7 @@ export class SessionAdmission {
   open(id: string, init: { lane?: Lane; metadata?: Record<string, unknown> } = {}): SessionRecord {
     const existing = this.sessions.get(id);
     if (existing && existing.state !== "closed") return existing;
-    const session: SessionRecord = {
-      id,
-      lane: init.lane,
-      metadata: init.metadata,
-      state: "waiting",
-      replica: null,
-      steps: 0,
-      tokens: 0,
-      running: 0,
-      pauseRequested: false,
-      admittedSeq: 0,
-      pausedAt: 0,
-      movedFrom: null,
-      evacuated: false,
-      home: null,
-      waiters: [],
-      routing: undefined,
-      demandTokens: 0,
-      growthTokens: 0,
-      growthSamples: 0,
-      expectedGrowthTokens: 0,
-      idleSince: Number.NaN,
-      retentionMs: 0,
-      expectedIdleMs: undefined,
-      gaps: undefined,
-      touchedAt: this.clock.now(),
-      held: 0,
-      heldOn: null,
-    };
+    const session = new SessionRecord(id, init.lane, init.metadata, this.clock.now());
     this.sessions.delete(id);
     this.sessions.set(id, session);
     this.bound();
@@ -401,8 +401,7 @@ export class SessionAdmission {
     if (!to) return;
     if (from) removeFrom(from.active, session);
     insertByAdmission(to.active, session);
-    session.replica = replica;
-    session.pauseRequested = false;
+    session.place = { state: "active", replica, pauseRequested: false };
     this.account(session);
     this.fill();
   }
@@ -422,13 +421,11 @@ export class SessionAdmission {
       removeFrom(slots.dormant, session);
     }
     session.movedFrom = session.replica;
-    session.state = "waiting";
+    session.place = { state: "waiting" };
     session.evacuated = true;
     session.home = null;
-    session.pauseRequested = false;
-    session.pausedAt = this.clock.now();
     this.account(session);
-    this.options.onEvent?.(session.id, "paused", session.replica);
+    this.options.onEvent?.(session.id, "paused", session.movedFrom);
     this.fill();
   }
 
@@ -755,9 +752,7 @@ export class SessionAdmission {
     if (event === "admitted") session.admittedSeq = ++this.admittedSeq;
     session.evacuated = false;
     session.home = null;
-    session.state = "active";
-    session.replica = replica;
-    session.pauseRequested = false;
+    session.place = { state: "active", replica, pauseRequested: false };
     insertByAdmission(slots.active, session);
     this.account(session);
     this.options.onEvent?.(session.id, event, replica);
@@ -767,9 +762,7 @@ export class SessionAdmission {
   /** Takes a session out of its window: paused (the window shrank) or dormant (idle past its retention). */
   private leave(session: SessionRecord, slots: ReplicaSlots, to: "paused" | "dormant"): void {
     removeFrom(slots.active, session);
-    session.state = to;
-    session.pauseRequested = false;
-    session.pausedAt = this.clock.now();
+    session.place = { state: to, replica: slots.id, since: this.clock.now() };
     (to === "paused" ? slots.paused : slots.dormant).push(session);
     this.account(session);
     this.options.onEvent?.(session.id, to, session.replica);
@@ -787,7 +780,7 @@ export class SessionAdmission {
       // A lone session is never asked to leave the token window: nothing would run.
       if (this.unit === "tokens" && slots.holders <= 1) break;
       if (session.pauseRequested) continue;
-      session.pauseRequested = true;
+      requestPause(session, true);
       this.account(session);
     }
     for (const session of [...slots.active]) {
@@ -862,10 +855,10 @@ export class SessionAdmission {
       for (const slots of this.replicas.values()) {
         for (const session of slots.active) {
           if (!session.pauseRequested) continue;
-          session.pauseRequested = false;
+          requestPause(session, false);
           this.account(session);
           if (slots.size !== null && slots.held > slots.size) {
-            session.pauseRequested = true;
+            requestPause(session, true);
             this.account(session);
             break;
           }
@@ -1026,8 +1019,7 @@ export class SessionAdmission {
       removeFrom(slots.paused, session);
       removeFrom(slots.dormant, session);
     }
-    session.state = "closed";
-    session.pauseRequested = false;
+    session.place = { state: "closed", replica: session.replica };
     this.account(session);
     for (const waiter of [...session.waiters]) {
       this.drop(waiter, new Refusal("session_not_found", `session ${session.id} was ${why}`));
@@ -1045,6 +1037,11 @@ export class SessionAdmission {
 export function tokenFootprint(session: SessionRecord): number {
   if (session.demandTokens > 0) return Math.max(session.demandTokens, session.tokens);
   return session.tokens + session.expectedGrowthTokens;
+}
+
+/** Asks an active session to pause at its next step boundary, or withdraws the request. */
+function requestPause(session: SessionRecord, requested: boolean): void {
+  if (session.place.state === "active") session.place = { ...session.place, pauseRequested: requested };
 }
 
 function publicState(state: SessionStatus): SessionState {
