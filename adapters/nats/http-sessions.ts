@@ -70,6 +70,20 @@ function stepSessionOf(request: Request, path: string): string | undefined {
   return undefined;
 }
 
+/** The `id` a `POST /v1/sessions` body asks for (small bodies only; the app validates it). */
+async function requestedSessionId(request: Request): Promise<string | undefined> {
+  const length = Number(request.headers.get("content-length") ?? "0");
+  if (!(length > 0 && length <= 65_536)) return undefined;
+  try {
+    const id = (JSON.parse(await request.clone().text()) as { id?: unknown } | null)?.id;
+    return typeof id === "string" && id.length > 0 && id.length <= 256 && /^[\x21-\x7e]+$/.test(id)
+      ? id
+      : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 function refusalResponse(refusal: Refusal, requestId: string): Response {
   const rendered = renderRefusal(refusal, requestId);
   return new Response(JSON.stringify(rendered.body), {
@@ -119,6 +133,17 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
       takingOver.set(id, running);
     }
     return running;
+  };
+
+  /** Makes this frontend the session's holder; false while a step of it still runs at its holder. */
+  const ensureHeld = async (id: string): Promise<boolean> => {
+    const local = scheduler.getSession(id);
+    if (local && local.state !== "closed") return true;
+    const moved = await takeOver(id);
+    if (moved === "busy") return false;
+    const again = scheduler.getSession(id);
+    if (moved && (!again || again.state === "closed")) scheduler.adoptSession(id, moved);
+    return true;
   };
 
   /** `GET`/`DELETE` a session held by another frontend: its holder answers; a holder gone leaves the record. */
@@ -172,22 +197,28 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     const requestId = request.headers.get("x-request-id") ?? "";
     const stepSession = stepSessionOf(request, path);
     if (stepSession !== undefined) {
-      const local = scheduler.getSession(stepSession);
-      if (!local || local.state === "closed") {
-        const moved = await takeOver(stepSession);
-        if (moved === "busy") {
-          return refusalResponse(
-            new Refusal("unavailable", "a step of this session is still running on another sluice frontend", {
-              retryAfterSeconds: 1,
-              scope: "fleet",
-            }),
-            requestId,
-          );
-        }
-        const again = scheduler.getSession(stepSession);
-        if (moved && (!again || again.state === "closed")) scheduler.adoptSession(stepSession, moved);
+      if (!(await ensureHeld(stepSession))) {
+        return refusalResponse(
+          new Refusal("unavailable", "a step of this session is still running on another sluice frontend", {
+            retryAfterSeconds: 1,
+            scope: "fleet",
+          }),
+          requestId,
+        );
       }
       return fetch(request, ...rest);
+    }
+    if (request.method === "POST" && path === "/v1/sessions") {
+      // Opened with an id another frontend holds: take it over first, so this is its one copy.
+      const asked = await requestedSessionId(request);
+      if (asked !== undefined) await ensureHeld(asked);
+      const response = await fetch(request, ...rest);
+      if (response.status !== 201 || asked !== undefined) return response;
+      // A new id: the directory says where it lives at once, so its first step finds it from any frontend.
+      const text = await response.text();
+      const id = (JSON.parse(text) as { id?: unknown }).id;
+      if (typeof id === "string") await takeOver(id);
+      return new Response(text, response);
     }
     const sessionPath = SESSION_PATH.exec(path);
     if (sessionPath && (request.method === "GET" || request.method === "DELETE")) {

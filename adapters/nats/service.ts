@@ -621,7 +621,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
           respondJson(msg, { status: "not-held" }, requestId);
           return;
         }
-        if (view.phase !== "active" && view.state !== "waiting") {
+        if (view.phase !== "active") {
           await router?.prepareRelease?.(id);
           const released = scheduler.releaseSession(id);
           if (released === undefined) {

@@ -180,6 +180,38 @@ describe("three frontends behind round robin behave like one", () => {
   });
 });
 
+describe("a session opened explicitly on one frontend", () => {
+  test("steps on another, is read on a third and closed on the first: one copy throughout", async () => {
+    const [a, b, c] = frontends as [(typeof frontends)[0], (typeof frontends)[0], (typeof frontends)[0]];
+    const opened = await fetch(`${a.url}/v1/sessions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ id: "explicit-1", metadata: { agent: "explicit" } }),
+    });
+    assert.equal(opened.status, 201, await opened.text());
+    const step = await fetch(`${b.url}/v1/sessions/explicit-1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ role: "user", content: "hello" }], max_tokens: 4 }),
+    });
+    assert.equal(step.status, 200, await step.text());
+    for (const f of [a, b, c]) {
+      const view = await fetch(`${f.url}/v1/sessions/explicit-1`);
+      const body = (await view.json()) as { steps: number; state: string; metadata?: unknown };
+      assert.equal(body.steps, 1, JSON.stringify(body));
+      assert.deepEqual(body.metadata, { agent: "explicit" });
+    }
+    const closed = await fetch(`${a.url}/v1/sessions/explicit-1`, { method: "DELETE" });
+    assert.equal(closed.status, 204);
+    let open = 0;
+    for (const f of [a, b, c]) {
+      const state = await adminState(f.url);
+      open += (state?.sessions.active ?? 0) + (state?.sessions.waiting ?? 0) + (state?.sessions.paused ?? 0);
+    }
+    assert.equal(open, 0, "no copy left open anywhere");
+  });
+});
+
 describe("a replica killed under the fleet", () => {
   test("its sessions move to the survivor (ahead of new ones there) instead of being sent to the dead one", async () => {
     const agents = Array.from({ length: 4 }, (_, i) => ({
