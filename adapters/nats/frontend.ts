@@ -212,7 +212,16 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
     },
     wrapFetch(fetch, scheduler) {
       if (!sessionDirectory) return fetch;
-      return fleetSessionsFetch(fetch, { scheduler, directory: sessionDirectory, nc });
+      return fleetSessionsFetch(fetch, {
+        scheduler,
+        directory: sessionDirectory,
+        nc,
+        // The moved step claims its place now rather than at the next control tick: once it waits
+        // (after tokenizing), the shared window sees the demand; a second look covers a slow step.
+        onAdopted: () => {
+          for (const ms of [20, 150]) setTimeout(() => void windowAuthority?.syncAll(), ms).unref();
+        },
+      });
     },
     async drain(timeoutMs) {
       await service?.drain(timeoutMs);

@@ -42,6 +42,8 @@ export interface FleetSessionsOptions {
   releaseTimeoutMs?: number;
   /** Longest a `GET`/`DELETE` forwarded to the holder waits, ms. Default 2000. */
   forwardTimeoutMs?: number;
+  /** A session was taken over and its step is about to wait for a window place here. */
+  onAdopted?: () => void;
 }
 
 type Fetch = (request: Request, ...rest: never[]) => Response | Promise<Response>;
@@ -142,7 +144,10 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     const moved = await takeOver(id);
     if (moved === "busy") return false;
     const again = scheduler.getSession(id);
-    if (moved && (!again || again.state === "closed")) scheduler.adoptSession(id, moved);
+    if (moved && (!again || again.state === "closed")) {
+      scheduler.adoptSession(id, moved);
+      options.onAdopted?.();
+    }
     return true;
   };
 

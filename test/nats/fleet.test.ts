@@ -50,8 +50,6 @@ async function startFrontend(simUrls: string[]): Promise<{ child: SluiceChild; u
     String(WINDOW_PER_REPLICA),
     "--window-max",
     String(WINDOW_PER_REPLICA),
-    "--control-interval-ms",
-    "200",
     "--drain-timeout-ms",
     "20000",
   ]);
