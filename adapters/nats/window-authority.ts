@@ -27,6 +27,12 @@ export interface ClaimRecord {
   want: number;
   /** Bumped on every write by its owner: a claim whose beat stops moving belongs to a frontend that is gone. */
   beat: number;
+  /**
+   * Of `want`, returning sessions (paused, dormant with a step waiting, handed over by another
+   * frontend, or leaving a dead replica). While another frontend's returning sessions lack room,
+   * a frontend claims nothing for its new ones: returning sessions go first fleet-wide.
+   */
+  back?: number;
 }
 
 /** The value stored under a replica's key. */
@@ -112,6 +118,8 @@ interface Share {
   lastWriteAt: number;
   lastOkAt: number;
   demand: number;
+  /** What this frontend keeps when returning sessions elsewhere wait: its active and returning sessions. */
+  keep: number;
   leaderSeen: { leader: string | null; term: number; at: number } | undefined;
   readonly claimSeen: Map<string, { beat: number; at: number }>;
 }
@@ -330,6 +338,7 @@ export class KvWindowAuthority implements WindowAuthority {
         lastWriteAt: Number.NEGATIVE_INFINITY,
         lastOkAt: Number.NEGATIVE_INFINITY,
         demand: 0,
+        keep: 0,
         leaderSeen: undefined,
         claimSeen: new Map(),
       };
@@ -510,16 +519,21 @@ export class KvWindowAuthority implements WindowAuthority {
 
     let others = 0;
     let othersUnmet = 0;
+    let othersBackUnmet = 0;
     let live = 1;
     for (const [frontend, claim] of Object.entries(next.claims)) {
       if (frontend === me) continue;
       others += claim.n;
       othersUnmet += Math.max(0, claim.want - claim.n);
+      othersBackUnmet += Math.max(0, Math.min(claim.back ?? 0, claim.want - claim.n));
       if (claim.n > 0 || claim.want > 0) live++;
     }
     const demand = counts.active + counts.paused + counts.waiting;
     share.demand = demand;
-    const wanted = Math.min(next.size, demand + (othersUnmet > 0 ? 0 : this.spareSlots));
+    share.keep = counts.active + counts.paused;
+    // Returning sessions elsewhere lack room: new sessions here wait for them.
+    const mine = othersBackUnmet > 0 ? share.keep : demand;
+    const wanted = Math.min(next.size, mine + (othersUnmet > 0 ? 0 : this.spareSlots));
     const room = next.size - others;
     // Never below the sessions active here: a running step is not interrupted, it pauses at its boundary.
     const claim = Math.max(0, room >= wanted ? wanted : Math.max(counts.active, room));
@@ -534,9 +548,15 @@ export class KvWindowAuthority implements WindowAuthority {
       }
     } else {
       const unmetChanged = previous !== undefined && previous.want > previous.n !== demand > claim;
+      const backChanged = previous !== undefined && (previous.back ?? 0) !== counts.paused;
       const heartbeatDue = now - share.lastWriteAt >= this.heartbeatMs;
-      if (!previous || previous.n !== claim || unmetChanged || heartbeatDue || write) {
-        next.claims[me] = { n: claim, want: demand, beat: (previous?.beat ?? 0) + 1 };
+      if (!previous || previous.n !== claim || unmetChanged || backChanged || heartbeatDue || write) {
+        next.claims[me] = {
+          n: claim,
+          want: demand,
+          beat: (previous?.beat ?? 0) + 1,
+          ...(counts.paused > 0 ? { back: counts.paused } : {}),
+        };
         write = true;
       }
     }
@@ -562,7 +582,8 @@ export class KvWindowAuthority implements WindowAuthority {
           const unmet = share.demand > share.claim;
           const squeezed = share.grant < share.claim;
           const overSpare = value !== undefined && this.othersUnmet(value) > 0 && share.claim > share.demand;
-          if (unmet || squeezed || overSpare) void this.sync(share);
+          const yieldDue = value !== undefined && this.othersBackUnmet(value) > 0 && share.claim > share.keep;
+          if (unmet || squeezed || overSpare || yieldDue) void this.sync(share);
         }
       } catch (err) {
         this.onError(err);
@@ -573,6 +594,14 @@ export class KvWindowAuthority implements WindowAuthority {
         this.cancelWatchRetry = this.clock.setTimeout(resolve, 500);
       });
     }
+  }
+
+  private othersBackUnmet(entry: WindowEntry): number {
+    let unmet = 0;
+    for (const [frontend, claim] of Object.entries(entry.claims)) {
+      if (frontend !== this.frontendId) unmet += Math.max(0, Math.min(claim.back ?? 0, claim.want - claim.n));
+    }
+    return unmet;
   }
 
   private othersUnmet(entry: WindowEntry): number {

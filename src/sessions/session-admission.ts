@@ -445,7 +445,9 @@ export class SessionAdmission {
       ...(session.lane ? { lane: session.lane } : {}),
       ...(session.metadata ? { metadata: session.metadata } : {}),
     };
-    this.shut(session, "handed over to another frontend");
+    // Its place is for the session's next holder: no new session here takes it before the shared
+    // window has seen that holder's demand (the next fill, or the window shrinking, decides).
+    this.shut(session, "handed over to another frontend", false);
     return handover;
   }
 
@@ -566,16 +568,26 @@ export class SessionAdmission {
     // A waiting session could start on any replica, except a handed-over one: it waits for its own.
     const wantsHere = (session: SessionRecord) =>
       session.home === null || session.home === id || !this.replicas.get(session.home)?.accepting;
+    // Handed-over sessions and those leaving a dead replica are returning, as paused ones are.
     if (this.unit === "sessions") {
+      let paused = slots.paused.length;
       let waiting = 0;
-      for (const waiter of this.queue) if (wantsHere(waiter.session)) waiting++;
-      return { active: slots.active.length, paused: slots.paused.length, waiting };
+      for (const waiter of this.queue) {
+        if (!wantsHere(waiter.session)) continue;
+        if (waiter.session.evacuated) paused++;
+        else waiting++;
+      }
+      return { active: slots.active.length, paused, waiting };
     }
     let paused = 0;
     for (const session of slots.paused) paused += tokenFootprint(session);
     for (const session of slots.dormant) if (session.waiters.length > 0) paused += tokenFootprint(session);
     let waiting = 0;
-    for (const waiter of this.queue) if (wantsHere(waiter.session)) waiting += tokenFootprint(waiter.session);
+    for (const waiter of this.queue) {
+      if (!wantsHere(waiter.session)) continue;
+      if (waiter.session.evacuated) paused += tokenFootprint(waiter.session);
+      else waiting += tokenFootprint(waiter.session);
+    }
     return { active: slots.held, paused, waiting };
   }
 
@@ -1012,7 +1024,7 @@ export class SessionAdmission {
     this.fill();
   }
 
-  private shut(session: SessionRecord, why: string): void {
+  private shut(session: SessionRecord, why: string, refill = true): void {
     const slots = session.replica ? this.replicas.get(session.replica) : undefined;
     if (slots) {
       removeFrom(slots.active, session);
@@ -1025,7 +1037,7 @@ export class SessionAdmission {
       this.drop(waiter, new Refusal("session_not_found", `session ${session.id} was ${why}`));
     }
     this.options.onEvent?.(session.id, "closed", session.replica);
-    this.fill();
+    if (refill) this.fill();
   }
 }
 

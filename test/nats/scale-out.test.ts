@@ -233,6 +233,62 @@ describe("two frontends sharing one replica", () => {
   });
 });
 
+describe("a session taken over by another frontend (HTTP behind a non-sticky balancer)", () => {
+  test("gets the place it left before a new session waiting at its old frontend", async () => {
+    const sim = fastSim(REPLICA);
+    const a = await startFrontend("back-a", sim, 2);
+    const b = await startFrontend("back-b", sim, 2);
+    const stepOn = async (f: Frontend, sessionId: string, signal?: AbortSignal) => {
+      const call = await f.scheduler.submit({
+        requestId: `${sessionId}-${Math.random().toString(36).slice(2, 8)}`,
+        endpoint: "chat",
+        stream: false,
+        sessionId,
+        input: { kind: "chat", messages: [{ role: "user", content: sessionId }] },
+        maxTokens: 2,
+        ...(signal ? { signal } : {}),
+      });
+      for await (const _ of call) {
+        // drain
+      }
+      return call.replica;
+    };
+    await eventually(
+      () => [a, b].every((f) => f.frontend.windowAuthority?.view(REPLICA)?.accepting === true),
+      "both frontends take sessions",
+    );
+    await stepOn(a, "mover");
+    await stepOn(b, "stayer");
+    // The shared window (2) is full; a new session waits at the mover's frontend.
+    const newcomer = new AbortController();
+    const waiting = stepOn(a, "newcomer", newcomer.signal);
+    waiting.catch(() => {});
+    await eventually(() => a.scheduler.getSession("newcomer")?.state === "waiting", "the newcomer waits");
+    // The mover's next step reaches b: b takes it over through the same path an HTTP step takes.
+    const viaB = b.frontend.wrapFetch(
+      async (_request: Request) => new Response(await stepOn(b, "mover", AbortSignal.timeout(20_000))),
+      b.scheduler,
+    );
+    const response = await viaB(
+      new Request("http://b/v1/chat/completions", {
+        method: "POST",
+        headers: { "x-session-id": "mover" },
+        body: "{}",
+      }),
+    );
+    assert.equal(await response.text(), REPLICA);
+    assert.equal(b.scheduler.getSession("mover")?.steps, 2, "its history came along");
+    assert.equal(a.scheduler.getSession("newcomer")?.state, "waiting", "the newcomer still waits");
+    newcomer.abort();
+    await assert.rejects(waiting);
+    for (const id of ["mover", "stayer"]) b.scheduler.closeSession(id);
+    a.scheduler.closeSession("newcomer");
+    for (const f of [a, b]) {
+      await eventually(() => f.scheduler.idleCheck().windowSlots === 0, `${f.id} idle`);
+    }
+  });
+});
+
 describe("a NATS restart mid-run", () => {
   test("loses no session, duplicates none, leaks no permit, and answers calls during the outage with 503", async () => {
     const N = 3;
