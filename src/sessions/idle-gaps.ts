@@ -1,8 +1,13 @@
 /** @module Recent idle gaps (ms) and a high quantile of them: how soon a session is expected back (SPEC 6). */
 
-/** A bounded ring of the most recent gaps. */
+/**
+ * A bounded window of the most recent gaps, kept both in arrival order (to
+ * know which to drop) and sorted (so a quantile is a lookup, not a sort: the
+ * fleet's is asked at every step's end).
+ */
 export class IdleGaps {
-  private readonly values: number[] = [];
+  private readonly ring: number[] = [];
+  private readonly sorted: number[] = [];
   private next = 0;
 
   constructor(private readonly capacity: number) {
@@ -12,13 +17,19 @@ export class IdleGaps {
   }
 
   get size(): number {
-    return this.values.length;
+    return this.ring.length;
   }
 
   record(gapMs: number): void {
     if (!(Number.isFinite(gapMs) && gapMs >= 0)) return;
-    if (this.values.length < this.capacity) this.values.push(gapMs);
-    else this.values[this.next] = gapMs;
+    if (this.ring.length < this.capacity) {
+      this.ring.push(gapMs);
+    } else {
+      const dropped = this.ring[this.next]!;
+      this.sorted.splice(lowerBound(this.sorted, dropped), 1);
+      this.ring[this.next] = gapMs;
+    }
+    this.sorted.splice(lowerBound(this.sorted, gapMs), 0, gapMs);
     this.next = (this.next + 1) % this.capacity;
   }
 
@@ -27,9 +38,21 @@ export class IdleGaps {
    * actually seen, never an interpolation below it); undefined when empty.
    */
   quantile(q: number): number | undefined {
-    if (this.values.length === 0) return undefined;
-    const sorted = [...this.values].sort((a, b) => a - b);
-    const rank = Math.min(sorted.length, Math.max(1, Math.ceil(q * sorted.length)));
-    return sorted[rank - 1];
+    const n = this.sorted.length;
+    if (n === 0) return undefined;
+    const rank = Math.min(n, Math.max(1, Math.ceil(q * n)));
+    return this.sorted[rank - 1];
   }
+}
+
+/** The first index whose value is ≥ `value` in an ascending array. */
+function lowerBound(sorted: readonly number[], value: number): number {
+  let lo = 0;
+  let hi = sorted.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (sorted[mid]! < value) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }

@@ -68,6 +68,8 @@ export class SessionRecord {
   /** What it counts for in `heldOn`'s window now (0 when not counted). */
   held = 0;
   heldOn: ReplicaSlots | null = null;
+  /** The window whose `pauseRequests` counts this session's pending pause. */
+  requestOn: ReplicaSlots | null = null;
 
   constructor(
     readonly id: string,
@@ -144,6 +146,8 @@ interface ReplicaSlots {
   held: number;
   /** Sessions counted in `held`. */
   holders: number;
+  /** Active sessions asked to pause at their next boundary. */
+  pauseRequests: number;
 }
 
 export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
@@ -252,6 +256,7 @@ export class SessionAdmission {
       dormant: [],
       held: 0,
       holders: 0,
+      pauseRequests: 0,
     });
   }
 
@@ -753,6 +758,13 @@ export class SessionAdmission {
       slots.held += amount;
       slots.holders++;
     }
+    const requested =
+      session.pauseRequested && session.replica !== null
+        ? (this.replicas.get(session.replica) ?? null)
+        : null;
+    if (session.requestOn) session.requestOn.pauseRequests--;
+    session.requestOn = requested;
+    if (requested) requested.pauseRequests++;
   }
 
   private activate(session: SessionRecord, replica: string, event: "admitted" | "resumed"): void {
@@ -865,7 +877,9 @@ export class SessionAdmission {
     this.filling = true;
     try {
       for (const slots of this.replicas.values()) {
-        for (const session of slots.active) {
+        // Most replicas have nothing pending: a step's end must not cost a pass over every session.
+        if (slots.pauseRequests === 0 && slots.paused.length === 0 && slots.dormant.length === 0) continue;
+        for (const session of slots.pauseRequests > 0 ? slots.active : []) {
           if (!session.pauseRequested) continue;
           requestPause(session, false);
           this.account(session);
@@ -875,9 +889,11 @@ export class SessionAdmission {
             break;
           }
         }
-        for (const session of [...slots.paused, ...slots.dormant]) {
-          if (this.starving(session) && this.fits(slots, session))
-            this.activate(session, slots.id, "resumed");
+        if (slots.paused.length + slots.dormant.length > 0) {
+          for (const session of [...slots.paused, ...slots.dormant]) {
+            if (this.starving(session) && this.fits(slots, session))
+              this.activate(session, slots.id, "resumed");
+          }
         }
         for (const session of this.resumeOrder(slots.paused)) {
           if (!this.fits(slots, session)) break;
