@@ -202,106 +202,67 @@ function need(doc: BenchDoc, policy: string, load?: number): RowLike {
   return row;
 }
 
+/**
+ * A target on the ratio of two runs' values, `a ÷ b` against `goal` (the comparison as written),
+ * checked on the values themselves (no rounding at the bound); none when either run is absent.
+ */
+function ratioTarget(
+  run: string,
+  target: string,
+  a: number | undefined,
+  b: number | undefined,
+  comparison: "≤" | "≥",
+  goal: number,
+): TargetCheck[] {
+  if (a === undefined || b === undefined) return [];
+  const met = comparison === "≤" ? a <= goal * b : a >= goal * b;
+  return [check(run, target, ratio(a, b), `${comparison} ${goal}`, met)];
+}
+
 /** agents: sluice makespan ≤ concur's and ≤ 0.5 × rr's (also ≤ 0.6 × gate-prefix's, ≤ 1.5 × bound), hit rate ≥ 0.8. */
 export function agentsChecks(doc: BenchDoc): TargetCheck[] {
-  const sluice = need(doc, "sluice");
-  const rr = need(doc, "rr");
-  const checks = [
-    check(
-      "agents",
-      "sluice makespan ÷ rr",
-      ratio(sluice.makespan_s, rr.makespan_s),
-      "≤ 0.5",
-      sluice.makespan_s <= 0.5 * rr.makespan_s,
-    ),
+  const sluice = need(doc, "sluice").makespan_s;
+  const makespan = (policy: string) => rowOf(doc, policy)?.makespan_s;
+  const hitRate = need(doc, "sluice").prefix_hit_rate;
+  return [
+    ...ratioTarget("agents", "sluice makespan ÷ rr", sluice, need(doc, "rr").makespan_s, "≤", 0.5),
+    ...ratioTarget("agents", "sluice makespan ÷ concur", sluice, makespan("concur"), "≤", 1),
+    ...ratioTarget("agents", "sluice makespan ÷ gate-prefix", sluice, makespan("gate-prefix"), "≤", 0.6),
+    check("agents", "sluice prefix hit rate", hitRate, "≥ 0.8", hitRate >= 0.8),
+    ...ratioTarget("agents", "sluice makespan ÷ bound", sluice, makespan("bound"), "≤", 1.5),
   ];
-  const concur = rowOf(doc, "concur");
-  if (concur)
-    checks.push(
-      check(
-        "agents",
-        "sluice makespan ÷ concur",
-        ratio(sluice.makespan_s, concur.makespan_s),
-        "≤ 1",
-        sluice.makespan_s <= concur.makespan_s,
-      ),
-    );
-  const gp = rowOf(doc, "gate-prefix");
-  if (gp)
-    checks.push(
-      check(
-        "agents",
-        "sluice makespan ÷ gate-prefix",
-        ratio(sluice.makespan_s, gp.makespan_s),
-        "≤ 0.6",
-        sluice.makespan_s <= 0.6 * gp.makespan_s,
-      ),
-    );
-  checks.push(
-    check("agents", "sluice prefix hit rate", sluice.prefix_hit_rate, "≥ 0.8", sluice.prefix_hit_rate >= 0.8),
-  );
-  const bound = rowOf(doc, "bound");
-  if (bound)
-    checks.push(
-      check(
-        "agents",
-        "sluice makespan ÷ bound",
-        ratio(sluice.makespan_s, bound.makespan_s),
-        "≤ 1.5",
-        sluice.makespan_s <= 1.5 * bound.makespan_s,
-      ),
-    );
-  return checks;
 }
 
 /** agents-256: rr's makespan ≥ 2 × sluice's (and gate-prefix's ≥ 1.5 ×). */
 export function agents256Checks(doc: BenchDoc): TargetCheck[] {
-  const sluice = need(doc, "sluice");
-  const rr = need(doc, "rr");
-  const checks = [
-    check(
+  const sluice = need(doc, "sluice").makespan_s;
+  return [
+    ...ratioTarget("agents-256", "rr makespan ÷ sluice", need(doc, "rr").makespan_s, sluice, "≥", 2),
+    ...ratioTarget(
       "agents-256",
-      "rr makespan ÷ sluice",
-      ratio(rr.makespan_s, sluice.makespan_s),
-      "≥ 2",
-      rr.makespan_s >= 2 * sluice.makespan_s,
+      "gate-prefix makespan ÷ sluice",
+      rowOf(doc, "gate-prefix")?.makespan_s,
+      sluice,
+      "≥",
+      1.5,
     ),
   ];
-  const gp = rowOf(doc, "gate-prefix");
-  if (gp)
-    checks.push(
-      check(
-        "agents-256",
-        "gate-prefix makespan ÷ sluice",
-        ratio(gp.makespan_s, sluice.makespan_s),
-        "≥ 1.5",
-        gp.makespan_s >= 1.5 * sluice.makespan_s,
-      ),
-    );
-  return checks;
 }
 
 /** agents-mixed: sluice's mean session completion ≤ 0.85 × concur's and its makespan ≤ concur's. */
 export function agentsMixedChecks(doc: BenchDoc): TargetCheck[] {
   const sluice = need(doc, "sluice");
   const concur = need(doc, "concur");
-  const mine = sluice.session_completion_mean_s ?? Number.NaN;
-  const theirs = concur.session_completion_mean_s ?? Number.NaN;
   return [
-    check(
+    ...ratioTarget(
       "agents-mixed",
       "sluice mean session completion ÷ concur",
-      ratio(mine, theirs),
-      "≤ 0.85",
-      mine <= 0.85 * theirs,
+      sluice.session_completion_mean_s ?? Number.NaN,
+      concur.session_completion_mean_s ?? Number.NaN,
+      "≤",
+      0.85,
     ),
-    check(
-      "agents-mixed",
-      "sluice makespan ÷ concur",
-      ratio(sluice.makespan_s, concur.makespan_s),
-      "≤ 1",
-      sluice.makespan_s <= concur.makespan_s,
-    ),
+    ...ratioTarget("agents-mixed", "sluice makespan ÷ concur", sluice.makespan_s, concur.makespan_s, "≤", 1),
   ];
 }
 
