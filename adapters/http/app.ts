@@ -361,6 +361,9 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-sluice-deadline-ms",
           "x-sluice-expected-idle-ms",
           "x-api-key",
+          // RFC 7240 and the Idempotency-Key draft: asynchronous calls and safe retries from a browser too.
+          "prefer",
+          "idempotency-key",
           ...SESSION_HEADERS,
         ],
         exposeHeaders: [
@@ -373,6 +376,9 @@ export function createApp(options: AppOptions): Hono<Env> {
           "x-ratelimit-limit-requests",
           "x-ratelimit-remaining-requests",
           "x-ratelimit-reset-requests",
+          "location",
+          "preference-applied",
+          "idempotent-replayed",
         ],
       }),
     );

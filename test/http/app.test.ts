@@ -181,8 +181,20 @@ describe("models, health, admin", () => {
     });
     assert.equal(preflight.response.headers.get("access-control-allow-origin"), "https://app.example");
     assert.match(preflight.response.headers.get("access-control-allow-headers") ?? "", /x-session-id/);
+    const asyncPreflight = await call("/v1/chat/completions", {
+      method: "OPTIONS",
+      headers: {
+        origin: "https://app.example",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "prefer, idempotency-key",
+      },
+    });
+    const allowed = asyncPreflight.response.headers.get("access-control-allow-headers") ?? "";
+    assert.match(allowed, /prefer/);
+    assert.match(allowed, /idempotency-key/);
     const simple = await call("/v1/models", { headers: { origin: "https://app.example" } });
     assert.match(simple.response.headers.get("access-control-expose-headers") ?? "", /x-sluice-replica/);
+    assert.match(simple.response.headers.get("access-control-expose-headers") ?? "", /location/);
     const other = await call("/v1/models", { headers: { origin: "https://evil.example" } });
     assert.notEqual(other.response.headers.get("access-control-allow-origin"), "https://evil.example");
   });
