@@ -33,6 +33,8 @@ export interface JobsOptions {
   idempotencyTtlMs?: number;
   /** Most responses kept for Idempotency-Keys. Default 10000. */
   idempotencyMaxRecords?: number;
+  /** How long a finished batch, its results and output files are kept, ms. Default 30 days. */
+  batchRetentionMs?: number;
   /** Poll interval a pending asynchronous call advertises (Retry-After), s. Default 1. */
   pollSeconds?: number;
   /** Wall clock, ms since the epoch. */
@@ -71,6 +73,7 @@ export class Jobs implements JobsMount {
       store,
       scheduler: options.scheduler,
       ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
+      ...(options.batchRetentionMs !== undefined ? { batchRetentionMs: options.batchRetentionMs } : {}),
       ...(options.now ? { now: options.now } : {}),
       ...(options.log ? { log: options.log } : {}),
     });

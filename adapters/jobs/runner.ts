@@ -25,6 +25,11 @@ export interface JobRunnerOptions {
   maxEngineAttempts?: number;
   /** How long a finished asynchronous call's response is kept, ms. Default 24 h. */
   jobRetentionMs?: number;
+  /**
+   * How long a finished batch (completed, failed, expired or cancelled) is kept with its results and its
+   * output and error files, ms. Default 30 days. Input files are the client's: they stay until deleted.
+   */
+  batchRetentionMs?: number;
   /** Period of the expiry and retention sweep, ms. Default 1000. */
   tickMs?: number;
   /** Wall clock, ms since the epoch (batch times are Unix seconds). */
@@ -71,6 +76,8 @@ export class JobRunner {
   private readonly concurrency: number;
   private readonly maxEngineAttempts: number;
   private readonly jobRetentionMs: number;
+  private readonly batchRetentionMs: number;
+  private lastPurgeAt = Number.NEGATIVE_INFINITY;
   private readonly now: () => number;
   private readonly log: (line: string) => void;
   private readonly tickMs: number;
@@ -100,6 +107,7 @@ export class JobRunner {
     }
     this.maxEngineAttempts = options.maxEngineAttempts ?? 3;
     this.jobRetentionMs = options.jobRetentionMs ?? 24 * 3600_000;
+    this.batchRetentionMs = options.batchRetentionMs ?? 30 * 24 * 3600_000;
     this.tickMs = options.tickMs ?? 1000;
     this.now = options.now ?? Date.now;
     this.log = options.log ?? (() => {});
@@ -567,6 +575,51 @@ export class JobRunner {
         }),
       );
     }
+    // Finished batches age in days: a scan of the store once a minute is plenty.
+    if (now - this.lastPurgeAt >= 60_000) {
+      this.lastPurgeAt = now;
+      this.purgeFinishedBatches(seconds(now - this.batchRetentionMs));
+    }
+  }
+
+  /** Forgets batches that finished before `cutoff` (Unix s): the record, its line results, its output and error files. */
+  private purgeFinishedBatches(cutoff: number): void {
+    const old: BatchRecord[] = [];
+    for (const { value } of this.store.batches.getRange()) {
+      const b = value.batch;
+      const endedAt = b.completed_at ?? b.failed_at ?? b.expired_at ?? b.cancelled_at;
+      if (
+        TERMINAL_BATCH_STATUSES.has(b.status) &&
+        endedAt !== null &&
+        endedAt < cutoff &&
+        !this.batches.has(b.id)
+      ) {
+        old.push(value);
+      }
+    }
+    if (old.length === 0) return;
+    const files = old.flatMap(({ batch }) =>
+      [batch.output_file_id, batch.error_file_id].filter((id): id is string => id !== null),
+    );
+    this.background(
+      this.store
+        .commit(() => {
+          for (const { batch } of old) {
+            this.store.batches.remove(batch.id);
+            for (const { key } of this.store.results.getRange({
+              start: [batch.id, 0],
+              end: [batch.id, Number.MAX_SAFE_INTEGER],
+            })) {
+              this.store.results.remove(key);
+            }
+          }
+          for (const id of files) this.store.files.remove(id);
+        })
+        // A body goes after its record: a record never points at a missing body.
+        .then(() => {
+          for (const id of files) this.store.removeFileBody(id);
+        }),
+    );
   }
 
   /** Stops every run without recording it (each runs again after a restart) and waits for them to end. */

@@ -176,6 +176,36 @@ describe("running lines", () => {
   });
 });
 
+describe("retention", () => {
+  test("a finished batch is forgotten after the retention time, with its output file; its input file stays", async () => {
+    const s = await start();
+    let skewMs = 0;
+    const jobs = await Jobs.open({
+      scheduler: s.scheduler,
+      now: () => Date.now() + skewMs,
+      batchRetentionMs: 3600_000,
+    });
+    closers.push(() => jobs.close());
+    const app = createApp({ scheduler: s.scheduler, jobs });
+    await jobs.start();
+    const call = async (path: string, init?: RequestInit) => app.request(path, init);
+    const batch = await createBatch(call, [lineOf("r0", 4), lineOf("r1", 4)]);
+    const done = await until(call, batch.id, (b) => b.status === "completed");
+    const input = ((await (await call(`/v1/batches/${batch.id}`)).json()) as { input_file_id: string })
+      .input_file_id;
+    assert.equal((await call(`/v1/files/${done.output_file_id}`)).status, 200);
+    skewMs = 2 * 3600_000;
+    const deadline = Date.now() + 30_000;
+    while ((await call(`/v1/batches/${batch.id}`)).status !== 404) {
+      if (Date.now() > deadline) assert.fail("the finished batch was not forgotten");
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert.equal((await call(`/v1/files/${done.output_file_id}`)).status, 404);
+    assert.equal((await call(`/v1/files/${input}`)).status, 200, "the input file is the client's");
+    assert.equal([...jobs.store.results.getRange({ start: [batch.id, 0], end: [batch.id, 99] })].length, 0);
+  });
+});
+
 describe("restarts", () => {
   test("a graceful stop mid-batch records no partial answer; the restart finishes every line whole", async () => {
     const dataDir = mkdtempSync(join(tmpdir(), "sluice-stop-"));
