@@ -29,9 +29,21 @@ export async function readBodyText(
   // Reading the Node request stream directly skips building a web Request around it (a large share of a
   // small call's cost) and enforces the limit just the same.
   if (incoming) return readNodeBody(incoming, limitBytes);
-  const body = request.body;
-  if (!body) return "";
-  const reader = body.getReader();
+  const read = await readStreamCapped(request.body, limitBytes);
+  if (read.over !== undefined) throw tooLarge(limitBytes, read.over);
+  return Buffer.from(read.bytes.buffer, read.bytes.byteOffset, read.bytes.byteLength).toString("utf8");
+}
+
+/**
+ * Reads a web stream whole while it stays within `limitBytes`; past the limit it stops reading,
+ * cancels the stream and says how many bytes it had seen (`over`). An absent stream is empty.
+ */
+export async function readStreamCapped(
+  stream: ReadableStream<Uint8Array> | null,
+  limitBytes: number,
+): Promise<{ bytes: Uint8Array<ArrayBuffer>; over?: number }> {
+  if (!stream) return { bytes: new Uint8Array(0) };
+  const reader = stream.getReader();
   const parts: Uint8Array[] = [];
   let total = 0;
   try {
@@ -41,14 +53,20 @@ export async function readBodyText(
       total += value.byteLength;
       if (total > limitBytes) {
         await reader.cancel().catch(() => {});
-        throw tooLarge(limitBytes, total);
+        return { bytes: new Uint8Array(0), over: total };
       }
       parts.push(value);
     }
   } finally {
     reader.releaseLock();
   }
-  return Buffer.concat(parts, total).toString("utf8");
+  const bytes = new Uint8Array(total);
+  let offset = 0;
+  for (const part of parts) {
+    bytes.set(part, offset);
+    offset += part.byteLength;
+  }
+  return { bytes };
 }
 
 /**

@@ -7,6 +7,7 @@ import { createHash } from "node:crypto";
 import type { Context } from "hono";
 import { Refusal } from "../../src/errors.js";
 import type { ApiKeys } from "../http/api-keys.js";
+import { readStreamCapped } from "../http/read-body.js";
 import { prefersAsync } from "./prefer.js";
 import type { JobStore } from "./store.js";
 import type { IdempotencyRecord } from "./types.js";
@@ -218,31 +219,9 @@ export async function readBodyBytes(request: Request, limitBytes: number): Promi
     );
   const declared = Number(request.headers.get("content-length") ?? Number.NaN);
   if (Number.isFinite(declared) && declared > limitBytes) throw tooLarge(declared);
-  if (!request.body) return new Uint8Array(0);
-  const reader = request.body.getReader();
-  const parts: Uint8Array[] = [];
-  let total = 0;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      total += value.byteLength;
-      if (total > limitBytes) {
-        await reader.cancel().catch(() => {});
-        throw tooLarge(total);
-      }
-      parts.push(value);
-    }
-  } finally {
-    reader.releaseLock();
-  }
-  const bytes = new Uint8Array(total);
-  let offset = 0;
-  for (const part of parts) {
-    bytes.set(part, offset);
-    offset += part.byteLength;
-  }
-  return bytes;
+  const read = await readStreamCapped(request.body, limitBytes);
+  if (read.over !== undefined) throw tooLarge(read.over);
+  return read.bytes;
 }
 
 /**
@@ -456,23 +435,6 @@ function recordingStream(
 
 /** The body as text, or undefined past `limit` bytes (then reading stops). */
 async function readCapped(response: Response, limit: number): Promise<string | undefined> {
-  if (!response.body) return "";
-  const reader = response.body.getReader();
-  const parts: Uint8Array[] = [];
-  let total = 0;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      total += value.byteLength;
-      if (total > limit) {
-        await reader.cancel().catch(() => {});
-        return undefined;
-      }
-      parts.push(value);
-    }
-  } finally {
-    reader.releaseLock();
-  }
-  return Buffer.concat(parts, total).toString("utf8");
+  const read = await readStreamCapped(response.body, limit);
+  return read.over !== undefined ? undefined : Buffer.from(read.bytes).toString("utf8");
 }
