@@ -1,5 +1,7 @@
 /** @module The AIMD session-window law (SPEC 3.5, 6): one control step maps (KV usage, hit rate) to a window size. */
 
+import { checkWindowThresholds } from "./window-thresholds.js";
+
 /** Parameters of the window law (defaults from CONCUR). */
 export interface AimdOptions {
   /** Window before the first step, sessions. */
@@ -49,12 +51,6 @@ function wholeAtLeast(name: string, value: number, least: number): void {
   }
 }
 
-function ratio(name: string, value: number): void {
-  if (!(typeof value === "number" && value >= 0 && value <= 1)) {
-    throw new RangeError(`AimdWindow ${name} should be in [0, 1], got ${value}`);
-  }
-}
-
 /** Fills in defaults and checks the options once; throws `RangeError` naming the bad value. */
 export function resolveAimdOptions(options: Partial<AimdOptions> = {}): AimdOptions {
   const o: AimdOptions = { ...DEFAULT_AIMD_OPTIONS };
@@ -70,15 +66,7 @@ export function resolveAimdOptions(options: Partial<AimdOptions> = {}): AimdOpti
       `AimdWindow initial should be a whole number in [${o.min}, ${o.max}], got ${o.initial}`,
     );
   }
-  if (!(typeof o.decrease === "number" && o.decrease > 0 && o.decrease < 1)) {
-    throw new RangeError(`AimdWindow decrease should be in (0, 1), got ${o.decrease}`);
-  }
-  ratio("kvLow", o.kvLow);
-  ratio("kvHigh", o.kvHigh);
-  ratio("hitLow", o.hitLow);
-  if (o.kvLow > o.kvHigh) {
-    throw new RangeError(`AimdWindow kvLow (${o.kvLow}) should not exceed kvHigh (${o.kvHigh})`);
-  }
+  checkWindowThresholds("AimdWindow", o);
   return o;
 }
 

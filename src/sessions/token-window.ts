@@ -6,6 +6,8 @@
  * `size`.
  */
 
+import { checkRatio, checkWindowThresholds } from "./window-thresholds.js";
+
 /** Parameters of the token law. Every size is in tokens. */
 export interface TokenWindowOptions {
   /** The replica's KV capacity, tokens (> 0). */
@@ -52,12 +54,6 @@ export type TokenWindowAction = "slow-start" | "increase" | "decrease" | "hold";
 const MAX_OVER_CAPACITY = 4;
 const INCREASE_SHARE = 1 / 16;
 
-function checkRatio(name: string, value: number): void {
-  if (!(typeof value === "number" && value >= 0 && value <= 1)) {
-    throw new RangeError(`TokenWindow ${name} should be in [0, 1], got ${value}`);
-  }
-}
-
 function checkTokens(name: string, value: number, least: number): void {
   if (!(Number.isFinite(value) && value >= least)) {
     throw new RangeError(`TokenWindow ${name} should be a number of tokens ≥ ${least}, got ${value}`);
@@ -71,7 +67,7 @@ export function resolveTokenWindowOptions(
   const capacity = options.capacityTokens;
   checkTokens("capacityTokens", capacity, 1);
   const guardBandFraction = options.guardBandFraction ?? 0.1;
-  checkRatio("guardBandFraction", guardBandFraction);
+  checkRatio("TokenWindow", "guardBandFraction", guardBandFraction);
   const o: TokenWindowOptions = {
     capacityTokens: capacity,
     guardBandFraction,
@@ -89,15 +85,7 @@ export function resolveTokenWindowOptions(
   checkTokens("increase", o.increase, 1);
   // An initial window outside [min, max] is clamped: the defaults follow the capacity, the bounds may be set alone.
   o.initial = Math.min(o.max, Math.max(o.min, o.initial));
-  if (!(typeof o.decrease === "number" && o.decrease > 0 && o.decrease < 1)) {
-    throw new RangeError(`TokenWindow decrease should be in (0, 1), got ${o.decrease}`);
-  }
-  checkRatio("kvLow", o.kvLow);
-  checkRatio("kvHigh", o.kvHigh);
-  checkRatio("hitLow", o.hitLow);
-  if (o.kvLow > o.kvHigh) {
-    throw new RangeError(`TokenWindow kvLow (${o.kvLow}) should not exceed kvHigh (${o.kvHigh})`);
-  }
+  checkWindowThresholds("TokenWindow", o);
   return o;
 }
 
