@@ -165,24 +165,12 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     const limit = limitOf(c.req.query("limit"), 10_000, 10_000);
     const after = c.req.query("after");
     const purpose = c.req.query("purpose");
-    const data: FileObject[] = [];
-    let hasMore = false;
-    for (const { value } of store.files.getRange({ reverse: true, ...(after ? { start: after } : {}) })) {
-      if (value.file.id === after || value.tenant !== tenant) continue;
-      if (purpose && value.file.purpose !== purpose) continue;
-      if (data.length === limit) {
-        hasMore = true;
-        break;
-      }
-      data.push(value.file);
-    }
-    return c.json({
-      object: "list",
-      data,
-      first_id: data[0]?.id ?? null,
-      last_id: data.at(-1)?.id ?? null,
-      has_more: hasMore,
-    });
+    const records = store.files.getRange({ reverse: true, ...(after ? { start: after } : {}) });
+    return c.json(
+      listPage(records, limit, after, ({ file, tenant: owner }) =>
+        owner === tenant && (!purpose || file.purpose === purpose) ? file : undefined,
+      ),
+    );
   });
 
   app.get("/v1/files/:id", requireKey, (c) => c.json(fileOf(c, c.req.param("id"))));
@@ -268,24 +256,10 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     const tenant = tenantOf(c).tenant;
     const limit = limitOf(c.req.query("limit"), 20, 100);
     const after = c.req.query("after");
-    const data: BatchRecord["batch"][] = [];
-    let hasMore = false;
-    // Ids are time-ordered: newest first is reverse key order, and `after` is where the last page ended.
-    for (const { value } of store.batches.getRange({ reverse: true, ...(after ? { start: after } : {}) })) {
-      if (value.batch.id === after || value.tenant !== tenant) continue;
-      if (data.length === limit) {
-        hasMore = true;
-        break;
-      }
-      data.push(value.batch);
-    }
-    return c.json({
-      object: "list",
-      data,
-      first_id: data[0]?.id ?? null,
-      last_id: data.at(-1)?.id ?? null,
-      has_more: hasMore,
-    });
+    const records = store.batches.getRange({ reverse: true, ...(after ? { start: after } : {}) });
+    return c.json(
+      listPage(records, limit, after, ({ batch, tenant: owner }) => (owner === tenant ? batch : undefined)),
+    );
   });
 
   app.get("/v1/batches/:id", requireKey, (c) => c.json(batchOf(c, c.req.param("id")).batch));
@@ -402,4 +376,35 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     const job = jobOf(c, c.req.param("id"));
     return c.json(jobView((await runner.cancelAsyncJob(job.id)) ?? job));
   });
+}
+
+/**
+ * One page of an OpenAI list: ids are time-ordered, so newest first is reverse key order and
+ * `after` is where the last page ended (itself excluded). `pick` returns what a record shows, or
+ * undefined for a record this caller may not see.
+ */
+function listPage<R, T extends { id: string }>(
+  records: Iterable<{ value: R }>,
+  limit: number,
+  after: string | undefined,
+  pick: (record: R) => T | undefined,
+): { object: "list"; data: T[]; first_id: string | null; last_id: string | null; has_more: boolean } {
+  const data: T[] = [];
+  let hasMore = false;
+  for (const { value } of records) {
+    const item = pick(value);
+    if (item === undefined || item.id === after) continue;
+    if (data.length === limit) {
+      hasMore = true;
+      break;
+    }
+    data.push(item);
+  }
+  return {
+    object: "list",
+    data,
+    first_id: data[0]?.id ?? null,
+    last_id: data.at(-1)?.id ?? null,
+    has_more: hasMore,
+  };
 }
