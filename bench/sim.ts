@@ -10,7 +10,7 @@ import { setMaxListeners } from "node:events";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { fmix32 } from "../adapters/engines/sim/hash.js";
-import type { PresetName } from "../adapters/engines/sim/presets.js";
+import type { PresetName, PresetOverrides } from "../adapters/engines/sim/presets.js";
 import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
 import { VirtualClock } from "../src/clock.js";
 import type { EngineResult } from "../src/engine.js";
@@ -81,7 +81,14 @@ async function heavyLoad(preset: PresetName, skipDecodeSteps = true): Promise<Re
 }
 
 /** (b) The Mooncake conversation trace on 4 replicas, conversations placed by key hash. */
-async function mooncake(preset: PresetName, limit?: number): Promise<Record<string, number>> {
+/**
+ * The one-hour Mooncake conversation trace on 4 simulated replicas, conversations placed by key
+ * hash, no scheduler in front: the simulator's own speed (`bench/tiers.ts` runs it with a host tier).
+ */
+export async function mooncakeOnSim(
+  preset: PresetName | PresetOverrides,
+  limit?: number,
+): Promise<Record<string, number>> {
   const loadStart = performance.now();
   const requests = loadMooncakeTrace(mooncakeTracePath("conversation"), limit === undefined ? {} : { limit });
   const loadS = (performance.now() - loadStart) / 1000;
@@ -146,12 +153,18 @@ async function mooncake(preset: PresetName, limit?: number): Promise<Record<stri
   let timers = 0;
   let preemptions = 0;
   let busyMs = 0;
+  let queryTokens = 0;
+  let hostHitTokens = 0;
+  let gpuHitTokens = 0;
   for (const engine of replicas) {
     const s = engine.stats();
     steps += s.steps;
     timers += s.timers;
     preemptions += s.preemptions;
     busyMs += s.busyMs;
+    queryTokens += s.prefixQueryTokens;
+    hostHitTokens += s.hostHitTokens;
+    gpuHitTokens += s.prefixHitTokens;
   }
   ttfts.sort((a, b) => a - b);
   tpots.sort((a, b) => a - b);
@@ -167,6 +180,8 @@ async function mooncake(preset: PresetName, limit?: number): Promise<Record<stri
     mooncake_preemptions: preemptions,
     mooncake_busy_fraction: busyMs / (4 * clock.now()),
     mooncake_prefix_hit_rate: cachedTokens / promptTokens,
+    mooncake_gpu_hit_rate: queryTokens > 0 ? gpuHitTokens / queryTokens : 0,
+    mooncake_host_hit_rate: queryTokens > 0 ? hostHitTokens / queryTokens : 0,
     mooncake_output_tokens: completionTokens,
     mooncake_ttft_p50_s: percentile(ttfts, 0.5) / 1000,
     mooncake_ttft_p99_s: percentile(ttfts, 0.99) / 1000,
@@ -186,7 +201,7 @@ export async function runSimBench(
   }
   // The same load stepping one timer per step, to show what decode runs save.
   Object.assign(out, await heavyLoad(options.heavyPresets?.[0] ?? "h100x8-llama3-70b", false));
-  Object.assign(out, await mooncake(preset, options.mooncakeLimit));
+  Object.assign(out, await mooncakeOnSim(preset, options.mooncakeLimit));
   return out;
 }
 

@@ -8,21 +8,19 @@
  * every target is reported as met or missed. See docs/tiers.md.
  */
 
-import { setMaxListeners } from "node:events";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
-import { fmix32 } from "../adapters/engines/sim/hash.js";
 import type { PresetOverrides } from "../adapters/engines/sim/presets.js";
 import { resolveSimParams } from "../adapters/engines/sim/presets.js";
-import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
-import { type Clock, VirtualClock } from "../src/clock.js";
+import type { SimEngine } from "../adapters/engines/sim/sim-engine.js";
+import type { Clock } from "../src/clock.js";
 import { simFleet } from "./fleet.js";
 import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
 import { runPolicy } from "./run.js";
+import { mooncakeOnSim } from "./sim.js";
 import { compileWorkload, NAMED_WORKLOADS } from "./workloads/index.js";
-import { expandMooncakeTokens, loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PRESET = "h100-llama3-8b" as const;
@@ -163,58 +161,14 @@ export async function runTier(options: {
  * scheduler in front — here with both tiers. Goal: ≤ 60 s of wall time.
  */
 export async function simSpeed(hostKvTokens: number): Promise<Record<string, number>> {
-  const requests = loadMooncakeTrace(mooncakeTracePath("conversation"));
-  const clock = new VirtualClock();
-  const replicas = Array.from(
-    { length: REPLICAS },
-    (_, i) => new SimEngine({ id: `r${i}`, clock, preset: { base: PRESET, hostKvTokens } }),
-  );
-  const signal = new AbortController().signal;
-  setMaxListeners(0, signal);
-  let done = 0;
-  let next = 0;
-  const wallStart = performance.now();
-  const arrive = (): void => {
-    const now = clock.now();
-    while (next < requests.length && requests[next]!.arrivalMs <= now) {
-      const request = requests[next++]!;
-      const engine = replicas[fmix32(request.sessionKey) % replicas.length]!;
-      engine
-        .generate({
-          requestId: `m${request.index}`,
-          model: engine.model,
-          promptTokens: expandMooncakeTokens(request.hashIds, request.inputLength),
-          maxTokens: Math.max(1, request.outputLength),
-          endpoint: "completions",
-          stream: false,
-          signal,
-        })
-        .then(
-          (stream) => void stream.result.then(() => done++),
-          () => done++,
-        );
-    }
-    if (next < requests.length) clock.setTimeout(arrive, requests[next]!.arrivalMs - now);
-  };
-  clock.setTimeout(arrive, requests[0]?.arrivalMs ?? 0);
-  await clock.runAsyncUntil(() => done === requests.length);
-  const wallS = (performance.now() - wallStart) / 1000;
-  let queries = 0;
-  let gpuHits = 0;
-  let hostHits = 0;
-  for (const engine of replicas) {
-    const s = engine.stats();
-    queries += s.prefixQueryTokens;
-    gpuHits += s.prefixHitTokens;
-    hostHits += s.hostHitTokens;
-  }
+  const m = await mooncakeOnSim({ base: PRESET, hostKvTokens });
   return {
     host_kv_tokens_per_rank: hostKvTokens,
-    requests: requests.length,
-    sim_s: round(clock.now() / 1000, 1),
-    wall_s: round(wallS, 2),
-    gpu_hit_rate: round(gpuHits / queries),
-    host_hit_rate: round(hostHits / queries),
+    requests: m.mooncake_requests!,
+    sim_s: round(m.mooncake_sim_s!, 1),
+    wall_s: round(m.mooncake_wall_s!, 2),
+    gpu_hit_rate: round(m.mooncake_gpu_hit_rate!),
+    host_hit_rate: round(m.mooncake_host_hit_rate!),
   };
 }
 
