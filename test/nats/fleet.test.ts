@@ -385,14 +385,12 @@ describe("NATS calls through faults", () => {
       const state = await adminState(target.url);
       return state?.replicas.some((r) => r.gate.requests > 0) === true;
     }, "calls running on the frontend to kill");
-    const killedAt = Date.now();
     target.child.child.kill("SIGKILL");
     await settled;
     assert.equal(outcome.unanswered, 0);
     assert.ok(outcome.errors.length > 0, "the killed frontend held calls");
+    // Heartbeats, not the 120 s call timeout, ended the orphaned calls: a timeout would read "… timeout".
     for (const error of outcome.errors) assert.equal(error, "503 unavailable");
-    // Heartbeats, not the 120 s call timeout, ended the orphaned calls.
-    assert.ok(Date.now() - killedAt < 60_000);
     // The survivor still serves.
     await transport.chat({
       body: { messages: [{ role: "user", content: "still here" }], max_tokens: 2 },
