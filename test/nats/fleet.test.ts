@@ -130,15 +130,23 @@ describe("three frontends behind round robin behave like one", () => {
         const body = JSON.parse(text) as { choices: { message: { content: string } }[] };
         messages.push({ role: "assistant", content: body.choices[0]?.message.content ?? "" });
       }
-      // Any frontend answers for the session, with its holder's exact view.
-      const views = await Promise.all(
-        frontends.map(async (f) => {
-          const response = await fetch(`${f.url}/v1/sessions/${session}`);
-          const text = await response.text();
-          assert.equal(response.status, 200, text);
-          return JSON.parse(text) as { state: string; steps: number; replica: string };
-        }),
-      );
+      // Any frontend answers for the session, with its holder's view. The directory that names the
+      // holder is updated after the step's answer left, so a read right after it may see the step before.
+      type View = { state: string; steps: number; replica: string };
+      const read = () =>
+        Promise.all(
+          frontends.map(async (f) => {
+            const response = await fetch(`${f.url}/v1/sessions/${session}`);
+            const text = await response.text();
+            assert.equal(response.status, 200, text);
+            return JSON.parse(text) as View;
+          }),
+        );
+      let views: View[] = [];
+      await until(async () => {
+        views = await read();
+        return views.every((view) => view.steps === STEPS);
+      }, `every frontend's view of ${session}`);
       for (const view of views) {
         assert.equal(view.steps, STEPS, JSON.stringify(views));
         assert.equal(view.replica, replicas.at(-1));
@@ -194,19 +202,26 @@ describe("a session opened explicitly on one frontend", () => {
     });
     assert.equal(step.status, 200, await step.text());
     for (const f of [a, b, c]) {
-      const view = await fetch(`${f.url}/v1/sessions/explicit-1`);
-      const body = (await view.json()) as { steps: number; state: string; metadata?: unknown };
-      assert.equal(body.steps, 1, JSON.stringify(body));
-      assert.deepEqual(body.metadata, { agent: "explicit" });
+      let body: { steps: number; state: string; metadata?: unknown } | undefined;
+      await until(async () => {
+        body = (await (await fetch(`${f.url}/v1/sessions/explicit-1`)).json()) as typeof body;
+        return body?.steps === 1;
+      }, `the step seen from ${f.url}`);
+      assert.deepEqual(body?.metadata, { agent: "explicit" });
     }
     const closed = await fetch(`${a.url}/v1/sessions/explicit-1`, { method: "DELETE" });
     assert.equal(closed.status, 204);
-    let open = 0;
-    for (const f of [a, b, c]) {
-      const state = await adminState(f.url);
-      open += (state?.sessions.active ?? 0) + (state?.sessions.waiting ?? 0) + (state?.sessions.paused ?? 0);
-    }
-    assert.equal(open, 0, "no copy left open anywhere");
+    // The holder closes its copy as the DELETE is answered; other frontends' counts follow at once or
+    // within a control interval, never with a second open copy.
+    await until(async () => {
+      let open = 0;
+      for (const f of [a, b, c]) {
+        const state = await adminState(f.url);
+        open +=
+          (state?.sessions.active ?? 0) + (state?.sessions.waiting ?? 0) + (state?.sessions.paused ?? 0);
+      }
+      return open === 0;
+    }, "no copy left open anywhere");
   });
 });
 
