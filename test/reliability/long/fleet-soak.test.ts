@@ -1,5 +1,5 @@
 /**
- * @module The long variant of `test/nats/fleet.test.ts`, part of `npm run test:reliability` (not
+ * @module The long variant of `test/reliability/long/fleet.test.ts`, part of `npm run test:reliability` (not
  * `npm test`): three `sluice serve --nats` frontends over two `sluice sim` replicas and one
  * nats-server, all real processes; agents step round robin over the frontends (HTTP) while NATS
  * callers stream, for `FLEET_SOAK_ROUNDS` rounds (default 6) in each of which one frontend is

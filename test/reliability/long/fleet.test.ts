@@ -10,18 +10,11 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { connect, type NatsConnection } from "nats";
-import { NatsTransport } from "../../adapters/client/nats-transport.js";
-import { SluiceError } from "../../adapters/client/types.js";
-import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
-import type { AdminState } from "../../src/types.js";
-import {
-  freePort,
-  type SluiceChild,
-  spawnSluice,
-  startSimChild,
-  stopChild,
-  until,
-} from "../reliability/helpers.js";
+import { NatsTransport } from "../../../adapters/client/nats-transport.js";
+import { SluiceError } from "../../../adapters/client/types.js";
+import { type NatsServerProcess, startNatsServer } from "../../../adapters/nats/nats-server-process.js";
+import type { AdminState } from "../../../src/types.js";
+import { freePort, type SluiceChild, spawnSluice, startSimChild, stopChild, until } from "../helpers.js";
 
 const WINDOW_PER_REPLICA = 2;
 const AGENTS = 9;
