@@ -202,7 +202,14 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     const requestId = request.headers.get("x-request-id") ?? "";
     const stepSession = stepSessionOf(request, path);
     if (stepSession !== undefined) {
-      if (!(await ensureHeld(stepSession))) {
+      let held: boolean;
+      try {
+        held = await ensureHeld(stepSession);
+      } catch (err) {
+        if (err instanceof Refusal) return refusalResponse(err, requestId);
+        throw err;
+      }
+      if (!held) {
         return refusalResponse(
           new Refusal("unavailable", "a step of this session is still running on another sluice frontend", {
             retryAfterSeconds: 1,
@@ -216,13 +223,21 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     if (request.method === "POST" && path === "/v1/sessions") {
       // Opened with an id another frontend holds: take it over first, so this is its one copy.
       const asked = await requestedSessionId(request);
-      if (asked !== undefined) await ensureHeld(asked);
+      if (asked !== undefined) {
+        try {
+          await ensureHeld(asked);
+        } catch (err) {
+          if (err instanceof Refusal) return refusalResponse(err, requestId);
+          throw err;
+        }
+      }
       const response = await fetch(request, ...rest);
       if (response.status !== 201 || asked !== undefined) return response;
       // A new id: the directory says where it lives at once, so its first step finds it from any frontend.
       const text = await response.text();
       const id = (JSON.parse(text) as { id?: unknown }).id;
-      if (typeof id === "string") await takeOver(id);
+      // A directory too slow to settle the claim now still gets this frontend's write behind (its session events).
+      if (typeof id === "string") await takeOver(id).catch(() => undefined);
       return new Response(text, response);
     }
     const sessionPath = SESSION_PATH.exec(path);

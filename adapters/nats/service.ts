@@ -683,7 +683,9 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         }
       }
       const view = scheduler.openSession(init);
-      if (body.id === undefined && router) await router.route(view.id, { claim: true });
+      // A directory too slow to settle the claim now still gets this frontend's write behind (its session events).
+      if (body.id === undefined && router)
+        await router.route(view.id, { claim: true }).catch(() => undefined);
       respondJson(msg, { id: view.id, state: view.state }, requestId);
     } catch (err) {
       respondRefusal(msg, err, requestId, true);

@@ -8,6 +8,7 @@
  */
 
 import { Empty, type KV, type KvEntry, type NatsConnection } from "nats";
+import { Refusal } from "../../src/errors.js";
 import type { SessionDirectory } from "../../src/sessions/window-authority.js";
 import type { SchedulerEvents, SessionState } from "../../src/types.js";
 import { frontendSubject, kvKey } from "./protocol.js";
@@ -55,6 +56,12 @@ export interface KvSessionDirectoryOptions {
   frontendId: string;
   /** Longest a lookup on the request path waits for KV, ms; slower means "unknown". Default 500. */
   lookupTimeoutMs?: number;
+  /**
+   * Longest a claim (taking a session over, or routing a step to its holder) waits for KV while
+   * connected, ms; slower refuses the step with 503 `unavailable`. Default 5000. Never "unknown":
+   * a step run here without knowing the holder would open a second copy of the session.
+   */
+  claimTimeoutMs?: number;
   /** Longest a liveness ping of another frontend waits, ms. Default 500. */
   pingTimeoutMs?: number;
   /** A frontend that answered a ping is taken as alive this long, ms. Default 1000. */
@@ -76,6 +83,18 @@ function decode(entry: KvEntry | null): SessionRecordValue | undefined {
   }
 }
 
+/** The directory could not say who holds a session: the step is refused rather than run as a possible second copy. */
+function unsettled(id: string, why: string): Refusal {
+  return new Refusal(
+    "unavailable",
+    `the session directory entry of ${JSON.stringify(id)} ${why}; try again`,
+    {
+      retryAfterSeconds: 1,
+      scope: "fleet",
+    },
+  );
+}
+
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeout = new Promise<undefined>((resolve) => {
@@ -94,6 +113,7 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   private readonly kv: KV;
   private readonly nc: NatsConnection;
   private readonly lookupTimeoutMs: number;
+  private readonly claimTimeoutMs: number;
   private readonly pingTimeoutMs: number;
   private readonly aliveCacheMs: number;
   private readonly isConnected: () => boolean;
@@ -111,10 +131,12 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     this.nc = options.nc;
     this.frontendId = options.frontendId;
     this.lookupTimeoutMs = options.lookupTimeoutMs ?? 500;
+    this.claimTimeoutMs = options.claimTimeoutMs ?? 5000;
     this.pingTimeoutMs = options.pingTimeoutMs ?? 500;
     this.aliveCacheMs = options.aliveCacheMs ?? 1000;
     for (const [name, value] of [
       ["lookupTimeoutMs", this.lookupTimeoutMs],
+      ["claimTimeoutMs", this.claimTimeoutMs],
       ["pingTimeoutMs", this.pingTimeoutMs],
       ["aliveCacheMs", this.aliveCacheMs],
     ] as const) {
@@ -170,8 +192,10 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
    * holder that does not answer is gone. The claim is a compare-and-set, so
    * two frontends taking the same session at once cannot both win. Returns
    * the history to adopt; "busy" when a step of it still runs at its holder
-   * after the holder's wait; or undefined (a new session, or KV unreachable:
-   * best effort, the step runs here).
+   * after the holder's wait; or undefined (a new session, or NATS unreachable:
+   * best effort, the step runs here). Throws a 503 {@link Refusal} when KV is
+   * connected but does not settle who holds the session in time: running the
+   * step here then could open a second copy of a session held elsewhere.
    */
   async takeOver(
     id: string,
@@ -182,12 +206,12 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     for (let attempt = 0; attempt < 4; attempt++) {
       let entry: KvEntry | null | undefined;
       try {
-        entry = await withTimeout(this.kv.get(key), this.lookupTimeoutMs);
+        entry = await withTimeout(this.kv.get(key), this.claimTimeoutMs);
       } catch (err) {
         this.onError(err);
         return undefined;
       }
-      if (entry === undefined) return undefined;
+      if (entry === undefined) throw unsettled(id, "did not answer in time");
       const value = decode(entry);
       const open = value !== undefined && value.state !== "closed";
       let handover: Handover | undefined;
@@ -225,7 +249,7 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
         }
       }
     }
-    return undefined;
+    throw unsettled(id, "kept changing under concurrent claims");
   }
 
   /** The replica another frontend pinned a session to (`SessionDirectory`). */
@@ -254,12 +278,18 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     for (let attempt = 0; attempt < 3; attempt++) {
       let entry: KvEntry | null | undefined;
       try {
-        entry = await withTimeout(this.kv.get(key), this.lookupTimeoutMs);
+        entry = await withTimeout(
+          this.kv.get(key),
+          options.claim ? this.claimTimeoutMs : this.lookupTimeoutMs,
+        );
       } catch (err) {
         this.onError(err);
         return { owner: "self" };
       }
-      if (entry === undefined) return { owner: "self" };
+      if (entry === undefined) {
+        if (options.claim) throw unsettled(sessionId, "did not answer in time");
+        return { owner: "self" };
+      }
       const value = decode(entry);
       if (value && value.state !== "closed" && value.frontend !== this.frontendId) {
         if (await this.alive(value.frontend)) return { owner: "other", frontendId: value.frontend };
@@ -286,6 +316,7 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
         }
       }
     }
+    if (options.claim) throw unsettled(sessionId, "kept changing under concurrent claims");
     return { owner: "self" };
   }
 

@@ -8,13 +8,25 @@
  */
 
 import assert from "node:assert/strict";
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, type NatsConnection } from "nats";
 import { NatsTransport } from "../../../adapters/client/nats-transport.js";
 import { SluiceError } from "../../../adapters/client/types.js";
 import { type NatsServerProcess, startNatsServer } from "../../../adapters/nats/nats-server-process.js";
+import { SESSIONS_BUCKET } from "../../../adapters/nats/session-directory.js";
+import { WINDOWS_BUCKET } from "../../../adapters/nats/window-authority.js";
 import type { AdminState } from "../../../src/types.js";
-import { freePort, type SluiceChild, spawnSluice, startSimChild, stopChild, until } from "../helpers.js";
+import {
+  freePort,
+  ROOT,
+  type SluiceChild,
+  spawnSluice,
+  startSimChild,
+  stopChild,
+  until,
+} from "../helpers.js";
 
 const WINDOW_PER_REPLICA = 2;
 const AGENTS = 9;
@@ -88,6 +100,45 @@ async function adminState(url: string): Promise<AdminState | undefined> {
   }
 }
 
+/**
+ * Writes what every part of the fleet holds (shared windows, session directory, each frontend's
+ * state and recent log) to test/artifacts, so a step that waits too long can be explained.
+ */
+async function recordFleetSnapshot(label: string): Promise<string> {
+  const nc = await connect({ servers: nats.url });
+  const buckets: Record<string, Record<string, unknown>> = {};
+  try {
+    const js = nc.jetstream();
+    for (const name of [WINDOWS_BUCKET, SESSIONS_BUCKET]) {
+      const kv = await js.views.kv(name);
+      const entries: Record<string, unknown> = {};
+      for await (const key of await kv.keys()) {
+        const entry = await kv.get(key);
+        if (entry?.operation === "PUT") entries[key] = { revision: entry.revision, value: entry.json() };
+      }
+      buckets[name] = entries;
+    }
+  } finally {
+    await nc.close();
+  }
+  const states = await Promise.all(frontends.map((f) => adminState(f.url)));
+  const snapshot = {
+    label,
+    buckets,
+    frontends: frontends.map((f, i) => ({
+      url: f.url,
+      replicas: states[i]?.replicas.map((r) => ({ id: r.id, window: r.window, healthy: r.healthy })),
+      sessions: states[i]?.sessions,
+      log: f.child.output().split("\n").slice(-200),
+    })),
+  };
+  const dir = join(ROOT, "test", "artifacts");
+  await mkdir(dir, { recursive: true });
+  const file = join(dir, `fleet-${label}-${Date.now()}.json`);
+  await writeFile(file, JSON.stringify(snapshot, null, 2));
+  return file;
+}
+
 describe("three frontends behind round robin behave like one", () => {
   test("no stall, no duplicate session, the same replica step after step, GET and DELETE from any frontend", async () => {
     /** Open sessions across frontends, and Σ active per replica. */
@@ -111,12 +162,20 @@ describe("three frontends behind round robin behave like one", () => {
       for (let step = 0; step < STEPS; step++) {
         const front = frontends[(i + step) % frontends.length]!;
         messages.push({ role: "user", content: `agent ${i} step ${step}: ${"w ".repeat(20)}` });
-        const response = await fetch(`${front.url}/v1/chat/completions`, {
-          method: "POST",
-          headers: { "content-type": "application/json", "x-session-id": session },
-          body: JSON.stringify({ messages, max_tokens: 8 }),
-          signal: AbortSignal.timeout(60_000),
-        });
+        let response: Response;
+        try {
+          response = await fetch(`${front.url}/v1/chat/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json", "x-session-id": session },
+            body: JSON.stringify({ messages, max_tokens: 8 }),
+            signal: AbortSignal.timeout(60_000),
+          });
+        } catch (err) {
+          const file = await recordFleetSnapshot(`${session}-step-${step}`).catch((e) => String(e));
+          throw new Error(
+            `${session} step ${step} at ${front.url}: ${String(err)}; fleet snapshot in ${file}`,
+          );
+        }
         const text = await response.text();
         assert.equal(response.status, 200, text);
         replicas.push(response.headers.get("x-sluice-replica") ?? "");
@@ -139,7 +198,10 @@ describe("three frontends behind round robin behave like one", () => {
       await until(async () => {
         views = await read();
         return views.every((view) => view.steps === STEPS);
-      }, `every frontend's view of ${session}`);
+      }, `every frontend's view of ${session}`).catch(async (err) => {
+        const file = await recordFleetSnapshot(`${session}-views`).catch((e) => String(e));
+        throw new Error(`${String(err)}: last views ${JSON.stringify(views)}; fleet snapshot in ${file}`);
+      });
       for (const view of views) {
         assert.equal(view.steps, STEPS, JSON.stringify(views));
         assert.equal(view.replica, replicas.at(-1));

@@ -1,0 +1,103 @@
+/**
+ * @module The session directory decides who holds a session. A KV that is
+ * connected but too slow to answer must not be read as "nobody holds it":
+ * the step is refused with 503 instead of opening a second copy of a session
+ * held elsewhere (the cause of a fleet stall seen on a loaded machine: the
+ * second copy's window place stayed taken until its idle timeout).
+ */
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { connect, type KV, type NatsConnection } from "nats";
+import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
+import { kvKey } from "../../adapters/nats/protocol.js";
+import { KvSessionDirectory, SESSIONS_BUCKET } from "../../adapters/nats/session-directory.js";
+import { Refusal } from "../../src/errors.js";
+
+let server: NatsServerProcess;
+let nc: NatsConnection;
+let kv: KV;
+
+before(async () => {
+  server = await startNatsServer();
+  nc = await connect({ servers: server.url });
+  kv = await nc.jetstream().views.kv(SESSIONS_BUCKET);
+});
+
+after(async () => {
+  await nc?.close();
+  await server?.close();
+});
+
+/** The real bucket, with reads held back until `release()` (a JetStream slowed by a loaded machine). */
+function slowReads(bucket: KV): { kv: KV; release(): void } {
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const slowed = new Proxy(bucket, {
+    get(target, property, receiver) {
+      if (property === "get") {
+        return async (key: string) => {
+          await released;
+          return target.get(key);
+        };
+      }
+      const value = Reflect.get(target, property, receiver);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  return { kv: slowed, release };
+}
+
+const notHeld = async () => ({ kind: "not-held" }) as const;
+
+describe("a session directory whose KV answers too slowly", () => {
+  test("refuses a take-over with 503 unavailable instead of reading the session as new", async () => {
+    await kv.put(
+      kvKey("held-elsewhere"),
+      new TextEncoder().encode(
+        JSON.stringify({ id: "held-elsewhere", state: "active", replica: "r0", frontend: "other", at: 0 }),
+      ),
+    );
+    const slow = slowReads(kv);
+    const directory = new KvSessionDirectory({ kv: slow.kv, nc, frontendId: "here", claimTimeoutMs: 100 });
+    let askedHolder = false;
+    await assert.rejects(
+      directory.takeOver("held-elsewhere", async () => {
+        askedHolder = true;
+        return notHeld();
+      }),
+      (err: unknown) => err instanceof Refusal && err.status === 503 && err.reason === "unavailable",
+    );
+    assert.equal(askedHolder, false);
+    await assert.rejects(
+      directory.route("held-elsewhere", { claim: true }),
+      (err: unknown) => err instanceof Refusal && err.status === 503,
+    );
+    // A read that claims nothing may still answer "here" when KV is slow: nothing is opened by it.
+    assert.deepEqual(await directory.route("held-elsewhere", { claim: false }), { owner: "self" });
+    slow.release();
+    // The record was never overwritten by the refused claims.
+    const stored = await kv.get(kvKey("held-elsewhere"));
+    assert.equal((stored?.json() as { frontend: string } | undefined)?.frontend, "other");
+  });
+
+  test("once KV answers, the same take-over asks the holder and claims the session", async () => {
+    await kv.put(
+      kvKey("moving"),
+      new TextEncoder().encode(
+        JSON.stringify({ id: "moving", state: "active", replica: "r1", frontend: "other", at: 0, steps: 3 }),
+      ),
+    );
+    const directory = new KvSessionDirectory({ kv, nc, frontendId: "here", claimTimeoutMs: 5000 });
+    const handover = await directory.takeOver("moving", async (owner) => {
+      assert.equal(owner, "other");
+      return { kind: "released", handover: { replica: "r1", steps: 3, tokens: 40 } };
+    });
+    assert.deepEqual(handover, { replica: "r1", steps: 3, tokens: 40 });
+    const stored = (await kv.get(kvKey("moving")))?.json() as { frontend: string; replica: string };
+    assert.equal(stored.frontend, "here");
+    assert.equal(stored.replica, "r1");
+  });
+});
