@@ -203,6 +203,10 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   ): Promise<Handover | "busy" | undefined> {
     if (!this.isConnected()) return undefined;
     const key = kvKey(id);
+    // A holder that released the session to this take-over has closed its copy: if the claim below
+    // loses a race (a write of that holder's still landing) and the record still names it, its
+    // hand-over is the history, not the record (which lags a step: it is written at step starts).
+    let releasedBy: { frontend: string; handover: Handover } | undefined;
     for (let attempt = 0; attempt < 4; attempt++) {
       let entry: KvEntry | null | undefined;
       try {
@@ -216,9 +220,13 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
       const open = value !== undefined && value.state !== "closed";
       let handover: Handover | undefined;
       if (open && value.frontend !== this.frontendId) {
-        const answer = await release(value.frontend, id);
+        const answer =
+          releasedBy?.frontend === value.frontend
+            ? ({ kind: "released", handover: releasedBy.handover } as const)
+            : await release(value.frontend, id);
         // Its holder waited for the step running there and it still runs: never a second copy.
         if (answer.kind === "busy") return "busy";
+        if (answer.kind === "released") releasedBy = { frontend: value.frontend, handover: answer.handover };
         handover =
           answer.kind === "released"
             ? answer.handover

@@ -100,4 +100,38 @@ describe("a session directory whose KV answers too slowly", () => {
     assert.equal(stored.frontend, "here");
     assert.equal(stored.replica, "r1");
   });
+
+  test("a claim that loses to the old holder's last write keeps the history that holder handed over", async () => {
+    const record = (steps: number) =>
+      new TextEncoder().encode(
+        JSON.stringify({
+          id: "raced",
+          state: "active",
+          replica: "r0",
+          frontend: "old",
+          at: 0,
+          steps,
+          tokens: 90,
+        }),
+      );
+    await kv.put(kvKey("raced"), record(2));
+    const directory = new KvSessionDirectory({ kv, nc, frontendId: "new", claimTimeoutMs: 5000 });
+    const answers: string[] = [];
+    const handover = await directory.takeOver("raced", async () => {
+      if (answers.length > 0) {
+        // The old holder closed its copy when it released it: asked again, it holds nothing.
+        answers.push("not-held");
+        return notHeld();
+      }
+      // The old holder's write from its step's start lands after this take-over read the entry.
+      await kv.put(kvKey("raced"), record(2));
+      answers.push("released");
+      return { kind: "released", handover: { replica: "r0", steps: 3, tokens: 120 } };
+    });
+    assert.deepEqual(answers, ["released"]);
+    assert.deepEqual(handover, { replica: "r0", steps: 3, tokens: 120 });
+    const stored = (await kv.get(kvKey("raced")))?.json() as { frontend: string; steps: number } | undefined;
+    assert.equal(stored?.frontend, "new");
+    assert.equal(stored?.steps, 3);
+  });
 });
