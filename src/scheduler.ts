@@ -292,7 +292,11 @@ export class Scheduler {
    * undefined when it is not open here.
    */
   releaseSession(id: string): SessionHandover | "busy" | undefined {
-    return this.admission.release(id);
+    const released = this.admission.release(id);
+    if (released === undefined || released === "busy") return released;
+    const { handover, place } = released;
+    if (handover.replica !== null && place > 0) this.windowAuthority?.handedOver?.(handover.replica, place);
+    return handover;
   }
 
   /** Scale-out: opens a session handed over by another frontend, pinned to the replica holding its cache. */

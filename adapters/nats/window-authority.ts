@@ -70,6 +70,12 @@ export interface KvWindowAuthorityOptions {
   heartbeatMs?: number;
   /** Free slots a frontend keeps claimed for its next session while no other frontend waits. Default 1. */
   spareSlots?: number;
+  /**
+   * A place handed over with a session is kept for its next holder this long at most, ms, unless that
+   * holder's returning demand shows in the entry sooner (then the yield to returning sessions takes
+   * over). Default claimTtlMs.
+   */
+  lendMs?: number;
   /** Compare-and-set attempts per update before waiting for the next tick. Default 16. */
   maxAttempts?: number;
   /** Failures of background KV work (they never reach the request path). */
@@ -120,6 +126,11 @@ interface Share {
   demand: number;
   /** What this frontend keeps when returning sessions elsewhere wait: its active and returning sessions. */
   keep: number;
+  /** Places of sessions handed to other frontends, kept claimed (never granted here) for their next holders. */
+  lent: number;
+  lentUntil: number;
+  /** Bumped on every hand-over: a grant planned before one must not be applied after it. */
+  lends: number;
   leaderSeen: { leader: string | null; term: number; at: number } | undefined;
   readonly claimSeen: Map<string, { beat: number; at: number }>;
 }
@@ -170,6 +181,7 @@ export class KvWindowAuthority implements WindowAuthority {
   private readonly claimTtlMs: number;
   private readonly heartbeatMs: number;
   private readonly spareSlots: number;
+  private readonly lendMs: number;
   private readonly maxAttempts: number;
   private readonly onError: (err: unknown) => void;
   private readonly shares = new Map<string, Share>();
@@ -197,6 +209,7 @@ export class KvWindowAuthority implements WindowAuthority {
     if (!(Number.isInteger(spare) && spare >= 0))
       throw new RangeError(`spareSlots must be an integer ≥ 0, got ${spare}`);
     this.spareSlots = spare;
+    this.lendMs = positive("lendMs", options.lendMs ?? this.claimTtlMs);
     const attempts = options.maxAttempts ?? 16;
     if (!(Number.isInteger(attempts) && attempts >= 1)) {
       throw new RangeError(`maxAttempts must be a positive integer, got ${attempts}`);
@@ -237,6 +250,18 @@ export class KvWindowAuthority implements WindowAuthority {
     if (tick.local.active + tick.local.paused + tick.local.waiting > share.claim) share.stale = true;
     void this.sync(share);
     return { size: share.grant, accepting: this.accepting(share) };
+  }
+
+  handedOver(replica: string, place: number): void {
+    const share = this.shares.get(replica);
+    if (!share || !(place > 0)) return;
+    share.lent += place;
+    share.lends++;
+    share.lentUntil = this.clock.now() + this.lendMs;
+    // Not granted here from this moment: the next local fill must not hand the place to a new session.
+    this.apply(share, Math.max(0, share.grant - place));
+    share.stale = true;
+    void this.sync(share);
   }
 
   /** NATS went away or came back. Away: no new sessions anywhere. Back: re-read and re-claim at once. */
@@ -339,6 +364,9 @@ export class KvWindowAuthority implements WindowAuthority {
         lastOkAt: Number.NEGATIVE_INFINITY,
         demand: 0,
         keep: 0,
+        lent: 0,
+        lentUntil: Number.NEGATIVE_INFINITY,
+        lends: 0,
         leaderSeen: undefined,
         claimSeen: new Map(),
       };
@@ -439,6 +467,7 @@ export class KvWindowAuthority implements WindowAuthority {
       }
       // Shrink here before giving slots back, so no session is admitted into a slot another frontend now owns.
       if (plan.grant < share.grant) this.apply(share, plan.grant);
+      const lends = share.lends;
       try {
         const data = encoder.encode(JSON.stringify(plan.next));
         const revision =
@@ -450,7 +479,8 @@ export class KvWindowAuthority implements WindowAuthority {
         share.lastOkAt = now;
         share.tickPending = false;
         if (plan.lawApplied) share.lawPending = false;
-        this.apply(share, plan.grant);
+        // A hand-over while this write was out shrank the grant below this plan: the next round plans again.
+        if (share.lends === lends) this.apply(share, plan.grant);
         return;
       } catch (err) {
         if (isRevisionConflict(err)) {
@@ -531,14 +561,20 @@ export class KvWindowAuthority implements WindowAuthority {
     const demand = counts.active + counts.paused + counts.waiting;
     share.demand = demand;
     share.keep = counts.active + counts.paused;
+    // A place handed over with a session stays claimed here until its next holder's demand shows (then
+    // the yield below gives it up) or the lend lapses (that holder never came for it).
+    if (othersBackUnmet > 0 || now >= share.lentUntil) share.lent = 0;
+    const lent = share.lent;
     // Returning sessions elsewhere lack room: new sessions here wait for them.
-    const mine = othersBackUnmet > 0 ? share.keep : demand;
-    const wanted = Math.min(next.size, mine + (othersUnmet > 0 ? 0 : this.spareSlots));
+    const mine = (othersBackUnmet > 0 ? share.keep : demand) + lent;
+    const wanted = Math.min(next.size, mine + (othersUnmet > 0 || lent > 0 ? 0 : this.spareSlots));
     const room = next.size - others;
     // Never below the sessions active here: a running step is not interrupted, it pauses at its boundary.
     const claim = Math.max(0, room >= wanted ? wanted : Math.max(counts.active, room));
     const fair = Math.floor(next.size / live);
-    const grant = claim <= room ? claim : Math.max(0, Math.min(claim, Math.max(room, fair)));
+    const fairGrant = claim <= room ? claim : Math.max(0, Math.min(claim, Math.max(room, fair)));
+    // Lent places are not filled here; never below the sessions active here.
+    const grant = lent > 0 ? Math.max(Math.min(fairGrant, counts.active), fairGrant - lent) : fairGrant;
 
     const previous = next.claims[me];
     if (claim === 0 && demand === 0) {

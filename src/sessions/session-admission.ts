@@ -439,10 +439,12 @@ export class SessionAdmission {
    * step of it runs or waits, and returns what its next holder needs; "busy"
    * while a step runs or waits; undefined when it is not open here.
    */
-  release(id: string): SessionHandover | "busy" | undefined {
+  release(id: string): { handover: SessionHandover; place: number } | "busy" | undefined {
     const session = this.sessions.get(id);
     if (!session || session.state === "closed") return undefined;
     if (session.running > 0 || session.waiters.length > 0) return "busy";
+    // The place it held here (window units): a shared window keeps it for the next holder.
+    const place = session.state === "active" || session.state === "paused" ? this.footprint(session) : 0;
     const handover: SessionHandover = {
       replica: session.replica,
       steps: session.steps,
@@ -453,7 +455,7 @@ export class SessionAdmission {
     // Its place is for the session's next holder: no new session here takes it before the shared
     // window has seen that holder's demand (the next fill, or the window shrinking, decides).
     this.shut(session, "handed over to another frontend", false);
-    return handover;
+    return { handover, place };
   }
 
   /**

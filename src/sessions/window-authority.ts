@@ -29,6 +29,12 @@ export interface WindowGrant {
 export interface WindowAuthority {
   /** Called on every control tick for every replica; must answer at once (keep async work in the background). */
   decide(tick: WindowTick): WindowGrant;
+  /**
+   * A session holding `place` (window units) on `replica` was handed to another frontend. A shared
+   * window keeps that place for the session's next holder rather than refilling it here: a new
+   * session here must not take it in the moment before the next holder's demand is seen.
+   */
+  handedOver?(replica: string, place: number): void;
 }
 
 /** Where sessions opened by other frontends can be looked up (their pinned replica). */

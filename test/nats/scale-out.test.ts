@@ -275,7 +275,16 @@ describe("a session taken over by another frontend (HTTP behind a non-sticky bal
         headers: { "x-session-id": "mover" },
         body: "{}",
       }),
-    );
+    ).catch((err) => {
+      // What each frontend held when the mover's step gave up: the shared window and its own counts.
+      const held = [a, b].map((f) => ({
+        id: f.id,
+        window: f.frontend.windowAuthority?.view(REPLICA),
+        counts: f.scheduler.windowCounts(REPLICA),
+        sessions: ["mover", "stayer", "newcomer"].map((id) => f.scheduler.getSession(id)),
+      }));
+      throw new Error(`${String(err)}; ${JSON.stringify(held)}`);
+    });
     assert.equal(await response.text(), REPLICA);
     assert.equal(b.scheduler.getSession("mover")?.steps, 2, "its history came along");
     assert.equal(a.scheduler.getSession("newcomer")?.state, "waiting", "the newcomer still waits");

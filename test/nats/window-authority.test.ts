@@ -103,6 +103,8 @@ class MemoryKv {
 class FakeFrontend {
   active = 0;
   waiting = 0;
+  /** Sessions handed over from another frontend, waiting here for a place (they go before new ones). */
+  returning = 0;
   grant = 0;
   accepting = false;
   readonly listeners: SchedulerEvents[] = [];
@@ -114,6 +116,7 @@ class FakeFrontend {
     clock: VirtualClock,
     private readonly size: number,
     private readonly onAdmit: () => void,
+    options: { lendMs?: number } = {},
   ) {
     this.authority = new KvWindowAuthority({
       kv: kv as unknown as KV,
@@ -122,6 +125,7 @@ class FakeFrontend {
       leaseMs: 1e9,
       claimTtlMs: 2e9,
       heartbeatMs: 1000,
+      ...options,
     });
     this.authority.bind(this);
   }
@@ -131,7 +135,7 @@ class FakeFrontend {
   }
 
   windowCounts() {
-    return { size: this.grant, active: this.active, paused: 0, waiting: this.waiting };
+    return { size: this.grant, active: this.active, paused: this.returning, waiting: this.waiting };
   }
 
   applyWindow(_replica: string, size: number, accepting: boolean): void {
@@ -151,6 +155,19 @@ class FakeFrontend {
     this.emit("closed");
   }
 
+  /** An idle session here is handed to another frontend (its history and place go with it). */
+  handOver(): void {
+    this.active--;
+    this.authority.handedOver(REPLICA, 1);
+    this.emit("closed");
+  }
+
+  /** A session handed over by another frontend waits here for a place. */
+  adopt(): void {
+    this.returning++;
+    this.admit();
+  }
+
   tick(): void {
     const tick: WindowTick = {
       replica: REPLICA,
@@ -158,13 +175,19 @@ class FakeFrontend {
       law: (current) => current,
       fresh: true,
       accepting: true,
-      local: { active: this.active, paused: 0, waiting: this.waiting },
+      local: { active: this.active, paused: this.returning, waiting: this.waiting },
     };
     const grant = this.authority.decide(tick);
     this.applyWindow(REPLICA, grant.size, grant.accepting);
   }
 
   private admit(): void {
+    while (this.accepting && this.returning > 0 && this.active < this.grant) {
+      this.returning--;
+      this.active++;
+      this.onAdmit();
+      this.emit("admitted");
+    }
     while (this.accepting && this.waiting > 0 && this.active < this.grant) {
       this.waiting--;
       this.active++;
@@ -323,6 +346,70 @@ describe("giving slots back", () => {
     await slow.releaseAll();
     assert.equal(violations, 0, "a admitted into the slot it had just given to b");
     assert.equal(a.active + b.active, 2);
+  });
+});
+
+describe("a session handed to another frontend", () => {
+  /** fa holds the mover and a newcomer waiting for a place; fb holds the stayer. The window (2) is full. */
+  async function fullWindow(options: { lendMs?: number } = {}) {
+    const kv = new MemoryKv(() => Promise.resolve());
+    const clock = new VirtualClock();
+    const a = new FakeFrontend("fa", kv, clock, 2, () => {}, options);
+    const b = new FakeFrontend("fb", kv, clock, 2, () => {}, options);
+    const round = async () => {
+      for (const f of [a, b]) {
+        f.tick();
+        await f.authority.syncAll();
+      }
+    };
+    a.arrive();
+    await round();
+    b.arrive();
+    // fa gives up its spare place to fb's waiting session.
+    await round();
+    await round();
+    a.arrive();
+    await round();
+    assert.deepEqual([a.active, a.waiting, b.active], [1, 1, 1]);
+    return { kv, clock, a, b };
+  }
+
+  test("leaves its place to the session's next holder, not to a new session at the old holder", async () => {
+    const { kv, a, b } = await fullWindow();
+    a.handOver();
+    // However long the next holder takes to show its demand, the old holder's ticks do not refill the place.
+    for (let i = 0; i < 5; i++) {
+      a.tick();
+      await a.authority.syncAll();
+    }
+    assert.equal(a.active, 0, "the newcomer took the place handed over");
+    assert.equal(kv.value(REPLICA)?.claims.fa?.n, 1, "the place stays claimed for the next holder");
+    b.adopt();
+    b.tick();
+    await b.authority.syncAll();
+    a.tick();
+    await a.authority.syncAll();
+    b.tick();
+    await b.authority.syncAll();
+    assert.deepEqual([b.active, b.returning, a.active, a.waiting], [2, 0, 0, 1]);
+    // Once the moved session leaves, the newcomer gets its turn.
+    b.close();
+    await b.authority.syncAll();
+    a.tick();
+    await a.authority.syncAll();
+    assert.equal(a.active, 1);
+  });
+
+  test("gives the place back to its own sessions when the next holder never comes for it", async () => {
+    const { clock, a } = await fullWindow({ lendMs: 5000 });
+    a.handOver();
+    a.tick();
+    await a.authority.syncAll();
+    assert.equal(a.active, 0);
+    clock.advance(5000);
+    a.tick();
+    await a.authority.syncAll();
+    assert.equal(a.active, 1, "the lend lapsed");
   });
 });
 
