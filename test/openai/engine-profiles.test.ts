@@ -117,6 +117,14 @@ describe("genuine pages across versions", () => {
     assert.ok(s.unknown.includes("running"), "not in the excerpt: unknown, not 0");
   });
 
+  it("vLLM with two data-parallel engine cores (gateway-api-inference-extension #2950): two ranks, requests summed", () => {
+    const s = read("vllm-dp2-gaie-issue2950.prom");
+    assert.equal(s.profile, "vllm-v1", "the engine label is V1's");
+    assert.equal(s.dataParallelSize, 2);
+    assert.equal(s.running, 0);
+    assert.ok(s.unknown.includes("kvUsage"), "the issue quotes no KV gauge: unknown, not 0");
+  });
+
   it("NIM for LLMs on vLLM (DataDog's fixture): vLLM's names without the prefix, num_request_max as max_num_seqs", () => {
     const s = read("nim-llm-vllm-datadog.prom");
     assert.equal(s.flavor, "vllm");
