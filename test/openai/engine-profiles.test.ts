@@ -84,6 +84,43 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "prefixCache"]);
   });
 
+  it("vLLM's first cache_config_info line (PR #3100, early 2024): capacity from blocks, the rest unknown", () => {
+    const s = read("vllm-0.3-cache-config-pr3100.prom");
+    assert.equal(s.profile, "vllm", "one line tells no generation apart");
+    assert.equal(s.kvCapacityTokens, 24188 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.deepEqual(sortedUnknown(s), [
+      "kvUsage",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
+  });
+
+  it('vLLM 0.8.1 V1 printed num_gpu_blocks="None" (vLLM #15719): capacity unknown, never 0 tokens or a guess', () => {
+    const s = read("vllm-v1-0.8.1-issue15719.prom");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.equal(s.kvCapacitySource, "unknown");
+    assert.ok(s.unknown.includes("kvCapacityTokens"));
+    assert.equal(s.blockSize, 16, "the block size it does state is read");
+  });
+
+  it("a plain transformer's cache config carries mamba_* labels (vLLM PR #29605): not a hybrid model", () => {
+    const s = read("vllm-v1-cache-config-pr29605.prom");
+    assert.equal(s.profile, "vllm-v1");
+    assert.equal(s.kvCapacityTokens, 33676 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.equal(
+      s.hostKvCapacityTokens,
+      undefined,
+      "num_cpu_blocks without kv_offloading_size shows no host tier",
+    );
+  });
+
   it("vLLM V1 as of 0.8 (production-stack #318): the generation is read from a declared V1 family", () => {
     const s = read("vllm-v1-0.8-production-stack-issue318.prom");
     // The excerpt declares vllm:gpu_prefix_cache_queries_total (V1 only) but ends before its sample.
@@ -226,21 +263,13 @@ describe("constructed pages", () => {
     assert.equal(s.blockSize, 832);
   });
 
-  it("mamba_* labels at their defaults are no hybrid model: newer vLLM prints them for every model", () => {
-    // CacheConfig defaults (vllm/config/cache.py): mamba_block_size None, mamba_cache_mode "none".
-    const plain = parseEngineMetrics(
-      'vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="551520",mamba_block_size="None",mamba_cache_dtype="auto",mamba_cache_mode="none",mamba_page_size_padded="None",num_gpu_blocks="34470"} 1.0\nvllm:kv_cache_usage_perc{engine="0"} 0.0\n',
-    );
-    assert.equal(plain?.profile, "vllm-v1");
-    assert.equal(plain?.kvCapacityTokens, 551_520);
+  it("a mamba block size marks a hybrid model, whose own kv_cache_size_tokens wins over its blocks", () => {
+    // vLLM sets mamba_block_size (to max_model_len without prefix caching) only for a model with
+    // mamba layers; the plain transformer's "None" is covered by vllm-v1-cache-config-pr29605.prom.
     const hybrid = parseEngineMetrics(
       'vllm:cache_config_info{block_size="2096",engine="0",enable_prefix_caching="False",kv_cache_size_tokens="1663201",mamba_block_size="1000000",mamba_cache_mode="none",num_gpu_blocks="800"} 1.0\nvllm:kv_cache_usage_perc{engine="0"} 0.0\n',
     );
-    assert.equal(
-      hybrid?.profile,
-      "vllm-v1+hybrid",
-      "a mamba block size is set only for a model with mamba layers",
-    );
+    assert.equal(hybrid?.profile, "vllm-v1+hybrid");
     assert.equal(hybrid?.kvCapacityTokens, 1_663_201, "the engine's figure, not 800 × 2096");
   });
 
