@@ -62,6 +62,188 @@ describe("genuine pages", () => {
   });
 });
 
+describe("genuine pages across versions", () => {
+  const read = (name: string) => {
+    const s = parseEngineMetrics(fixture(name));
+    assert.ok(s, `${name} is read as an engine page`);
+    return s;
+  };
+  const sortedUnknown = (s: { unknown: readonly string[] }) => [...s.unknown].sort();
+
+  it("vLLM V0, mid-2024 (DataDog's fixture): block-derived capacity, no prefix-cache counters", () => {
+    const s = read("vllm-v0-2024-datadog.prom");
+    assert.equal(s.profile, "vllm-v0");
+    assert.equal(s.kvCapacityTokens, 7281 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.kvUsage, 0);
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.dataParallelSize, 1);
+    assert.equal(s.statedHitRate, undefined, "this build has no block hit-rate gauge");
+    assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "prefixCache"]);
+  });
+
+  it("vLLM's first cache_config_info line (PR #3100, early 2024): capacity from blocks, the rest unknown", () => {
+    const s = read("vllm-0.3-cache-config-pr3100.prom");
+    assert.equal(s.profile, "vllm", "one line tells no generation apart");
+    assert.equal(s.kvCapacityTokens, 24188 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.deepEqual(sortedUnknown(s), [
+      "kvUsage",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
+  });
+
+  it('vLLM 0.8.1 V1 printed num_gpu_blocks="None" (vLLM #15719): capacity unknown, never 0 tokens or a guess', () => {
+    const s = read("vllm-v1-0.8.1-issue15719.prom");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.equal(s.kvCapacitySource, "unknown");
+    assert.ok(s.unknown.includes("kvCapacityTokens"));
+    assert.equal(s.blockSize, 16, "the block size it does state is read");
+  });
+
+  it("a plain transformer's cache config carries mamba_* labels (vLLM PR #29605): not a hybrid model", () => {
+    const s = read("vllm-v1-cache-config-pr29605.prom");
+    assert.equal(s.profile, "vllm-v1");
+    assert.equal(s.kvCapacityTokens, 33676 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.equal(
+      s.hostKvCapacityTokens,
+      undefined,
+      "num_cpu_blocks without kv_offloading_size shows no host tier",
+    );
+  });
+
+  it("vLLM V1 as of 0.8 (production-stack #318): the generation is read from a declared V1 family", () => {
+    const s = read("vllm-v1-0.8-production-stack-issue318.prom");
+    // The excerpt declares vllm:gpu_prefix_cache_queries_total (V1 only) but ends before its sample.
+    assert.equal(s.profile, "vllm-v1");
+    assert.equal(s.kvUsage, 0);
+    assert.ok(!s.unknown.includes("kvUsage"), "gpu_cache_usage_perc is a measured 0");
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.dataParallelSize, 1, "no engine label before 0.9");
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvCapacityTokens",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+    ]);
+  });
+
+  it("vLLM 0.10.0 (production-stack #617): renamed KV gauge, engine label, and half pairs never mixed", () => {
+    const s = read("vllm-v1-0.10.0-production-stack-issue617.prom");
+    assert.equal(s.profile, "vllm-v1");
+    assert.equal(s.kvUsage, 9.75010481363281e-6);
+    assert.equal(s.dataParallelSize, 1, 'one engine core: engine="0"');
+    // The excerpt holds prefix_cache_queries_total (new name) and gpu_prefix_cache_hits_total (old
+    // name) but neither pair whole: a hit rate from one generation's queries and the other's hits
+    // would be invented.
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.equal(s.prefixHitTokens, 0);
+    assert.ok(s.unknown.includes("prefixCache"));
+    assert.ok(s.unknown.includes("running"), "not in the excerpt: unknown, not 0");
+  });
+
+  it("vLLM with two data-parallel engine cores (gateway-api-inference-extension #2950): two ranks, requests summed", () => {
+    const s = read("vllm-dp2-gaie-issue2950.prom");
+    assert.equal(s.profile, "vllm-v1", "the engine label is V1's");
+    assert.equal(s.dataParallelSize, 2);
+    assert.equal(s.running, 0);
+    assert.ok(s.unknown.includes("kvUsage"), "the issue quotes no KV gauge: unknown, not 0");
+  });
+
+  it("NIM for LLMs on vLLM (DataDog's fixture): vLLM's names without the prefix, num_request_max as max_num_seqs", () => {
+    const s = read("nim-llm-vllm-datadog.prom");
+    assert.equal(s.flavor, "vllm");
+    assert.equal(s.profile, "nim");
+    assert.equal(s.running, 1);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.kvUsage, 0.0002848191398461977);
+    assert.equal(s.maxNumSeqs, 64);
+    assert.equal(s.dataParallelSize, 1);
+    assert.deepEqual(sortedUnknown(s), ["blockSize", "kvCapacityTokens", "preemptions", "prefixCache"]);
+  });
+
+  it("SGLang's first collector (PR #1461): legacy names, its hit-rate gauge in percent", () => {
+    const s = read("sglang-pr1461-first-collector.prom");
+    assert.equal(s.profile, "sglang-legacy");
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.kvUsage, 0);
+    assert.ok(!s.unknown.includes("kvUsage"));
+    assert.ok(!s.unknown.includes("running") && !s.unknown.includes("waiting"));
+    assert.equal(s.statedHitRate, 0.8758777633289988, "87.58… percent, read as a fraction");
+    // sglang:cached_token is the last batch's count, not a cumulative counter: not a hit rate.
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.ok(s.unknown.includes("prefixCache"));
+  });
+
+  it("SGLang's first merged collector (PR #1853): the capacity and request limit it states", () => {
+    const s = read("sglang-pr1853-first-merged-collector.prom");
+    assert.equal(s.kvCapacityTokens, 570_979);
+    assert.equal(s.kvCapacitySource, "engine");
+    assert.equal(s.maxNumSeqs, 2231);
+    // Prompts are counted, cached tokens are not on this page: not measured, never a 0 % hit rate.
+    assert.equal(s.prefixQueryTokens, 0);
+    const meter = new HitRateMeter();
+    meter.observe({ hits: s.prefixHitTokens, queries: s.prefixQueryTokens });
+    assert.equal(meter.measured, false);
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvUsage",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
+  });
+
+  it("SGLang mid-2025 (PR #7944): cached tokens without prompt tokens are no hit rate", () => {
+    const s = read("sglang-pr7944-cached-tokens.prom");
+    assert.equal(s.profile, "sglang");
+    assert.equal(s.running, 0);
+    assert.equal(s.kvUsage, 0);
+    assert.equal(s.prefixHitTokens, 0, "2688 cached tokens, but over no stated prompts");
+    assert.equal(s.prefixQueryTokens, 0);
+    assert.ok(s.unknown.includes("prefixCache"));
+    assert.ok(s.unknown.includes("waiting"));
+  });
+
+  it("SGLang 0.5 (DataDog's fixture): cached over prompt tokens, stated capacity, hit-rate gauge as a fraction", () => {
+    const s = read("sglang-0.5-datadog.prom");
+    assert.equal(s.profile, "sglang");
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.kvUsage, 0.25);
+    assert.equal(s.kvCapacityTokens, 430_839);
+    assert.equal(s.kvCapacitySource, "engine");
+    assert.equal(s.prefixQueryTokens, 5);
+    assert.equal(s.prefixHitTokens, 1);
+    assert.equal(s.statedHitRate, 0.2);
+    assert.equal(s.dataParallelSize, 1, "tp_rank is a replica label, not a rank of its own");
+    // sglang:num_retracted_reqs counts requests retracted now, not a cumulative preemption counter.
+    assert.deepEqual(sortedUnknown(s), ["blockSize", "maxNumSeqs", "preemptions"]);
+  });
+
+  it("SGLang with eight data-parallel ranks (aibrix #1614): every rank counts, tp_rank and pid do not merge them", () => {
+    const s = read("sglang-dp8-aibrix-issue1614.prom");
+    assert.equal(s.dataParallelSize, 8, "ranks 0–7, though no single series in the excerpt shows all eight");
+    assert.equal(s.waiting, 0);
+    assert.ok(s.unknown.includes("running"));
+    assert.ok(s.unknown.includes("kvUsage"));
+  });
+});
+
 // --- constructed pages: no genuine page for these shapes was found to cite (see fixtures/README.md) ---
 
 describe("constructed pages", () => {
@@ -79,6 +261,16 @@ describe("constructed pages", () => {
     assert.equal(s.kvCapacityTokens, 141_994);
     assert.equal(s.kvCapacitySource, "engine");
     assert.equal(s.blockSize, 832);
+  });
+
+  it("a mamba block size marks a hybrid model, whose own kv_cache_size_tokens wins over its blocks", () => {
+    // vLLM sets mamba_block_size (to max_model_len without prefix caching) only for a model with
+    // mamba layers; the plain transformer's "None" is covered by vllm-v1-cache-config-pr29605.prom.
+    const hybrid = parseEngineMetrics(
+      'vllm:cache_config_info{block_size="2096",engine="0",enable_prefix_caching="False",kv_cache_size_tokens="1663201",mamba_block_size="1000000",mamba_cache_mode="none",num_gpu_blocks="800"} 1.0\nvllm:kv_cache_usage_perc{engine="0"} 0.0\n',
+    );
+    assert.equal(hybrid?.profile, "vllm-v1+hybrid");
+    assert.equal(hybrid?.kvCapacityTokens, 1_663_201, "the engine's figure, not 800 × 2096");
   });
 
   it('a kv_cache_size_tokens of "None" falls back to the derived capacity, marked so', () => {

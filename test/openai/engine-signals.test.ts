@@ -19,6 +19,7 @@ const fixture = (name: string) => readFileSync(new URL(`./fixtures/${name}`, imp
 const SGLANG_PAGE = fixture("sglang-docs-production-metrics.prom");
 const VLLM_V0_PAGE = fixture("vllm-v0-aibrix-runtime.prom");
 const VLLM_V0_MODELS = fixture("vllm-v0-aibrix-models.json");
+const NIM_PAGE = fixture("nim-llm-vllm-datadog.prom");
 /** The genuine stream's events, framed as the OpenAI API sends them. */
 const STREAM_EVENTS = fixture("openai-chat-stream-include-usage.jsonl")
   .split("\n")
@@ -123,6 +124,34 @@ describe("signals from genuine pages", () => {
     assert.equal(engine.contextWindow("Qwen/Qwen2.5-Coder-1.5B-Instruct"), 32768);
     assert.equal(engine.contextWindow("lora-1"), undefined, "null: not stated");
     assert.equal(up.requests.filter((r) => r.path.includes("server_info")).length, 0, "vLLM is never asked");
+  });
+});
+
+describe("where the page is", () => {
+  it("NIM for LLMs publishes at /v1/metrics: found there when /metrics is missing, and kept", async () => {
+    const up = await upstream({ "/v1/metrics": page(NIM_PAGE) });
+    const engine = engineFor(up);
+    await engine.start();
+    const s = engine.signals();
+    assert.equal(s.healthy, true);
+    assert.equal(s.profile, "nim");
+    assert.equal(s.running, 1);
+    assert.equal(s.maxNumSeqs, 64);
+    await engine.scrape();
+    assert.deepEqual(
+      up.requests.filter((r) => r.path.endsWith("metrics")).map((r) => r.path),
+      ["/metrics", "/v1/metrics", "/v1/metrics"],
+      "once a path served a page, only that path is scraped",
+    );
+  });
+
+  it("an engine at /metrics is never asked for /v1/metrics", async () => {
+    const up = await upstream({ "/metrics": page(VLLM_V0_PAGE), "/v1/metrics": page(NIM_PAGE) });
+    const engine = engineFor(up);
+    await engine.start();
+    await engine.scrape();
+    assert.equal(engine.signals().profile, "vllm-v0");
+    assert.equal(up.requests.filter((r) => r.path === "/v1/metrics").length, 0);
   });
 });
 

@@ -36,7 +36,7 @@ export type ScrapedSignals = Omit<
   "readAtMs" | "healthy" | "profile" | "unknown" | "kvCapacitySource"
 > & {
   flavor: EngineFlavor;
-  /** `vllm-v0`, `vllm-v1`, `vllm` (generation not told apart), `sglang`, `sglang-legacy`; `+hybrid` for attention + mamba models. */
+  /** `vllm-v0`, `vllm-v1`, `vllm` (generation not told apart), `nim`, `sglang`, `sglang-legacy`; `+hybrid` for attention + mamba models. */
   profile: string;
   /** Signals the page does not carry; their fields hold placeholders (0, or 1 for the data-parallel size). */
   unknown: SignalField[];
@@ -137,10 +137,12 @@ function largestPositive(samples: readonly MetricSample[]): number | undefined {
 
 /**
  * Data-parallel size: the number of distinct `dp_rank` (SGLang) or `engine`
- * (vLLM V1, one engine core per DP rank) label values on the given samples;
- * 1 when neither label appears. A rank that exports no sample is not seen.
+ * (vLLM V1, one engine core per DP rank) label values over every sample of
+ * the engine's own series; 1 when neither label appears. Every series counts,
+ * not only the gauges read: a rank whose request gauge a page leaves out
+ * (SGLang sets some gauges from one rank only) is still a rank.
  */
-function dataParallelSize(samples: readonly MetricSample[]): number {
+function dataParallelSize(samples: Iterable<MetricSample>): number {
   const dpRanks = new Set<string>();
   const engines = new Set<string>();
   for (const s of samples) {
@@ -150,6 +152,11 @@ function dataParallelSize(samples: readonly MetricSample[]): number {
     if (engine !== undefined) engines.add(engine);
   }
   return Math.max(1, dpRanks.size, engines.size);
+}
+
+/** Every sample of the series whose names start with `prefix`. */
+function* samplesOf(byName: ByName, prefix: string): Generator<MetricSample> {
+  for (const [name, list] of byName) if (name.startsWith(prefix)) yield* list;
 }
 
 /** A cumulative counter pair, or undefined when either half is missing (a missing counter is not a zero). */
@@ -188,10 +195,35 @@ const VLLM_V1_ONLY = [
   "vllm:num_requests_waiting_by_reason",
 ];
 
-function vllmProfile(byName: ByName, config: readonly MetricSample[]): string {
+/**
+ * Whether a cache config is an attention + mamba model's: vLLM gives such a
+ * model a `mamba_block_size` or a padded `mamba_page_size_padded`, and a
+ * `mamba_cache_mode` of `align` or `all` when its prefix caching is on.
+ * `vllm:cache_config_info` prints every `CacheConfig` field for every model,
+ * and those fields default to `None` and `"none"` (`vllm/config/cache.py`),
+ * so a plain transformer's page carries `mamba_*` labels too: their presence
+ * says nothing.
+ */
+function isHybridConfig(info: MetricSample): boolean {
+  const mode = info.labels.mamba_cache_mode?.trim().toLowerCase();
+  return (
+    intLabel(info, "mamba_block_size") !== undefined ||
+    intLabel(info, "mamba_page_size_padded") !== undefined ||
+    mode === "align" ||
+    mode === "all"
+  );
+}
+
+/**
+ * The vLLM generation, from the series a page carries or declares: prometheus_client prints
+ * `# HELP`/`# TYPE` for a labelled family before its first sample, and a declared family says
+ * as much about the engine as a sampled one.
+ */
+function vllmProfile(byName: ByName, declared: ReadonlySet<string>, config: readonly MetricSample[]): string {
+  const carries = (name: string) => byName.has(name) || declared.has(name);
   let generation = "vllm";
-  if (VLLM_V1_ONLY.some((n) => byName.has(n))) generation = "vllm-v1";
-  else if (VLLM_V0_ONLY.some((n) => byName.has(n))) generation = "vllm-v0";
+  if (VLLM_V1_ONLY.some(carries)) generation = "vllm-v1";
+  else if (VLLM_V0_ONLY.some(carries)) generation = "vllm-v0";
   else {
     // vLLM V1 labels every engine-core series with its `engine` index.
     for (const list of byName.values()) {
@@ -201,9 +233,7 @@ function vllmProfile(byName: ByName, config: readonly MetricSample[]): string {
       }
     }
   }
-  // Attention + mamba models (vLLM ≥ 0.10 hybrid allocator) state mamba settings in the cache config.
-  const hybrid = config.some((s) => Object.keys(s.labels).some((l) => l.startsWith("mamba")));
-  return hybrid ? `${generation}+hybrid` : generation;
+  return config.some(isHybridConfig) ? `${generation}+hybrid` : generation;
 }
 
 /**
@@ -305,7 +335,7 @@ function vllmHostTier(
   return host;
 }
 
-function vllmSignals(byName: ByName): ScrapedSignals {
+function vllmSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSignals {
   const unknown: SignalField[] = [];
   const config = series(byName, "vllm:cache_config_info");
   const kv = pick(byName, ...VLLM_KV_USAGE);
@@ -333,7 +363,7 @@ function vllmSignals(byName: ByName): ScrapedSignals {
 
   const signals: ScrapedSignals = {
     flavor: "vllm",
-    profile: vllmProfile(byName, config),
+    profile: vllmProfile(byName, declared, config),
     unknown,
     kvCapacitySource: capacity.source,
     kvUsage: clamp01(mean(kv)),
@@ -345,7 +375,7 @@ function vllmSignals(byName: ByName): ScrapedSignals {
     kvCapacityTokens: capacity.tokens,
     blockSize,
     maxNumSeqs,
-    dataParallelSize: dataParallelSize([...(kv ?? []), ...(running ?? []), ...(waiting ?? []), ...config]),
+    dataParallelSize: dataParallelSize(samplesOf(byName, "vllm:")),
   };
   const host = vllmHostTier(byName, config, unknown);
   if (host) Object.assign(signals, host);
@@ -444,12 +474,7 @@ function sglangSignals(byName: ByName): ScrapedSignals {
     kvCapacityTokens: Math.max(0, capacityTokens),
     blockSize,
     maxNumSeqs,
-    dataParallelSize: dataParallelSize([
-      ...(kv ?? []),
-      ...(running ?? []),
-      ...(waiting ?? []),
-      ...(capacity ?? []),
-    ]),
+    dataParallelSize: dataParallelSize(samplesOf(byName, "sglang:")),
   };
   const host = sglangHostTier(byName, unknown);
   if (host) Object.assign(signals, host);
@@ -458,6 +483,27 @@ function sglangSignals(byName: ByName): ScrapedSignals {
     // The first collector set this gauge in percent (as its log line printed it); later ones in 0–1.
     const value = mean(stated);
     signals.statedHitRate = clamp01(legacy || value > 1 ? value / 100 : value);
+  }
+  return signals;
+}
+
+// --- NIM -----------------------------------------------------------------------------------------
+
+/**
+ * NVIDIA NIM for LLMs on its vLLM backend publishes vLLM's series without the
+ * `vllm:` prefix (`num_requests_running`, `gpu_cache_usage_perc`, …), on
+ * `/v1/metrics`, plus `num_request_max`, the engine's `max_num_seqs`. The
+ * names mean what vLLM's do, so the page is read as vLLM's under the prefix.
+ */
+function nimSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSignals {
+  const prefixed: ByName = new Map();
+  for (const [name, list] of byName) if (!name.includes(":")) prefixed.set(`vllm:${name}`, list);
+  const signals = vllmSignals(prefixed, new Set([...declared].map((name) => `vllm:${name}`)));
+  signals.profile = "nim";
+  const maxRequests = largestPositive(series(byName, "num_request_max"));
+  if (maxRequests !== undefined) {
+    signals.maxNumSeqs = maxRequests;
+    signals.unknown = signals.unknown.filter((field) => field !== "maxNumSeqs");
   }
   return signals;
 }
@@ -477,10 +523,12 @@ const SGLANG_CORE = [
   ...SGLANG_WAITING,
   "sglang:max_total_num_tokens",
 ];
+/** NIM's unprefixed names: a bare `num_requests_running` alone is too common a name to claim a page. */
+const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 
 /**
  * Maps a parsed page to engine signals, or undefined when it carries neither
- * vLLM's nor SGLang's core series (a garbage page, or another server's metrics).
+ * vLLM's, SGLang's nor NIM's core series (a garbage page, or another server's metrics).
  *
  * - Counters and request gauges are summed over label sets (several models,
  *   data-parallel ranks); KV usage, a ratio per rank, is averaged; series
@@ -488,11 +536,12 @@ const SGLANG_CORE = [
  * - vLLM: capacity is the engine's `kv_cache_size_tokens` when stated, else
  *   `num_gpu_blocks × block_size` (marked `derived`); hit rate from the token
  *   counters `prefix_cache_{queries,hits}_total` (or their `gpu_` names).
+ * - NIM for LLMs: vLLM's names without the prefix, read as vLLM's; `num_request_max` is `max_num_seqs`.
  * - SGLang: capacity is `max_total_num_tokens`; hit rate from
  *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing.
  * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
  *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
- * - Data-parallel size = distinct `dp_rank` or `engine` label values (1 when absent).
+ * - Data-parallel size = distinct `dp_rank` or `engine` label values over the engine's series (1 when absent).
  * - A second KV tier in host memory (vLLM's KV connector / CPU offloading,
  *   LMCache, SGLang HiCache) fills the `host…` fields; a page without one
  *   leaves them absent (one tier). A tier whose size is not stated reads
@@ -500,7 +549,10 @@ const SGLANG_CORE = [
  */
 export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
   const byName = groupByName(page.samples);
-  if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName);
+  const declared = new Set(page.types.keys());
+  if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName, declared);
   if (SGLANG_CORE.some((n) => byName.has(n))) return sglangSignals(byName);
+  if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
+    return nimSignals(byName, declared);
   return undefined;
 }

@@ -1,4 +1,4 @@
-/** @module Scraping and health of one upstream: `/metrics` on a timer, `/v1/models`, and SGLang's server info when the page lacks a capacity. */
+/** @module Scraping and health of one upstream: its metrics page on a timer, `/v1/models`, and SGLang's server info when the page lacks a capacity. */
 
 import type { Cancel, Clock } from "../../../src/clock.js";
 import { type EngineSignals, unknownSignals } from "../../../src/engine.js";
@@ -36,6 +36,15 @@ interface ServerInfo {
   maxRunningRequests?: number;
 }
 
+/**
+ * Where engines publish their page, in the order tried: vLLM and SGLang at
+ * `/metrics`, NVIDIA NIM for LLMs at `/v1/metrics`.
+ */
+const METRICS_PATHS = ["/metrics", "/v1/metrics"] as const;
+
+/** The upstream answered, with a status that is not a success. */
+class StatusError extends Error {}
+
 function positiveInteger(value: unknown): number | undefined {
   return typeof value === "number" && Number.isFinite(value) && value > 0 ? Math.floor(value) : undefined;
 }
@@ -52,6 +61,8 @@ export class UpstreamScraper {
   private modelList: UpstreamModel[] | undefined;
   private serverInfo: ServerInfo | undefined;
   private serverInfoAsked = false;
+  /** The path that served the last engine page; until one has, every path is tried in order. */
+  private metricsPath: string | undefined;
   private cancelTick: Cancel | undefined;
   private scraping: Promise<EngineSignals> | undefined;
   private started: Promise<void> | undefined;
@@ -143,9 +154,7 @@ export class UpstreamScraper {
   private async scrapeOnce(): Promise<EngineSignals> {
     if (this.options.closing.aborted) return this.signals();
     try {
-      const text = await this.getText("/metrics");
-      const parsed = parseEngineMetrics(text);
-      if (!parsed) throw new Error("the page carries no vLLM or SGLang engine metrics");
+      const parsed = await this.readPage();
       if (this.options.closing.aborted) return this.signals();
       this.last = parsed;
       this.lastReadAtMs = this.options.clock.now();
@@ -162,6 +171,30 @@ export class UpstreamScraper {
       if (isUnreachable(error)) this.reachable = false;
     }
     return this.signals();
+  }
+
+  /**
+   * The engine's page, parsed. Until a path has served one, a path that answers with an error
+   * status or a page without engine series gives way to the next; a path that does not answer at
+   * all (refused, timed out) does not, so a dead replica costs one request per scrape.
+   */
+  private async readPage(): Promise<ScrapedSignals> {
+    const paths = this.metricsPath === undefined ? METRICS_PATHS : [this.metricsPath];
+    let failure: unknown;
+    for (const path of paths) {
+      try {
+        const parsed = parseEngineMetrics(await this.getText(path));
+        if (parsed) {
+          this.metricsPath = path;
+          return parsed;
+        }
+        failure = new Error(`GET ${path}: the page carries no vLLM, SGLang or NIM engine metrics`);
+      } catch (error) {
+        if (!(error instanceof StatusError)) throw error;
+        failure = error;
+      }
+    }
+    throw failure;
   }
 
   /** SGLang states its pool size in its server info; read when its metrics do not carry it. */
@@ -233,7 +266,7 @@ export class UpstreamScraper {
         signal,
       });
       const text = await readText(response, this.options.maxScrapeBytes, signal);
-      if (!isSuccess(response)) throw new Error(`GET ${path} answered ${response.status}`);
+      if (!isSuccess(response)) throw new StatusError(`GET ${path} answered ${response.status}`);
       return text;
     } finally {
       cancelTimer();
