@@ -45,8 +45,6 @@ export interface JobRunnerOptions {
 /** A batch the runner works on: its record, its lines, which are left and which run. */
 interface BatchWork {
   record: BatchRecord;
-  /** The queue's hold on the batch: done once the batch has ended. */
-  taken: TakenWork;
   lines: BatchLine[];
   /** Line indexes not yet answered nor running, in file order. */
   pending: number[];
@@ -191,14 +189,21 @@ export class JobRunner {
 
   /** Starts on a batch taken from the queue, unless it has ended meanwhile (then the queue forgets it). */
   private async accept(taken: TakenWork): Promise<void> {
-    const record = await this.store.getBatch(taken.item.id);
-    if (!record || TERMINAL_BATCH_STATUSES.has(record.batch.status) || this.live.has(taken.item.id)) {
+    const id = taken.item.id;
+    if (this.live.has(id)) {
+      // Delivered again to the runner that holds it (its word that it works came late): only the
+      // newest delivery can be acknowledged, so it becomes the hold.
+      this.held.set(id, taken);
+      return;
+    }
+    const record = await this.store.getBatch(id);
+    if (!record || TERMINAL_BATCH_STATUSES.has(record.batch.status)) {
       await taken.done();
       return;
     }
-    this.live.set(record.batch.id, record);
-    this.held.set(record.batch.id, taken);
-    await this.resume(record, taken);
+    this.live.set(id, record);
+    this.held.set(id, taken);
+    await this.resume(record);
   }
 
   private background(task: Promise<unknown>): void {
@@ -304,13 +309,13 @@ export class JobRunner {
   }
 
   /** Validates (when not yet done), loads the lines and finds which still need an answer. */
-  private async resume(record: BatchRecord, taken: TakenWork): Promise<void> {
+  private async resume(record: BatchRecord): Promise<void> {
     const batch = record.batch;
     let text: string;
     try {
       text = new TextDecoder().decode(await this.store.readFileBody(batch.input_file_id));
     } catch {
-      await this.fail(record, taken, [
+      await this.fail(record, [
         {
           code: "file_not_found",
           message: `input file ${batch.input_file_id} is gone`,
@@ -327,12 +332,12 @@ export class JobRunner {
       batch.status = "cancelled";
       batch.cancelled_at = seconds(this.now());
       await this.persist(record);
-      await this.forget(batch.id, taken);
+      await this.forget(batch.id);
       return;
     }
     if (batch.status === "validating") {
       if (errors.length > 0) {
-        await this.fail(record, taken, errors);
+        await this.fail(record, errors);
         return;
       }
       batch.status = "in_progress";
@@ -347,7 +352,6 @@ export class JobRunner {
     batch.request_counts = { total: lines.length, ...countsOf(done.values()) };
     const work: BatchWork = {
       record,
-      taken,
       lines,
       pending: [],
       running: new Map(),
@@ -368,24 +372,25 @@ export class JobRunner {
     }
   }
 
-  private async fail(record: BatchRecord, taken: TakenWork, errors: BatchValidationError[]): Promise<void> {
+  private async fail(record: BatchRecord, errors: BatchValidationError[]): Promise<void> {
     const batch = record.batch;
     batch.status = "failed";
     batch.failed_at = seconds(this.now());
     batch.errors = { object: "list", data: errors };
     await this.persist(record);
-    await this.forget(batch.id, taken);
+    await this.forget(batch.id);
   }
 
   /** The batch has ended: the queue forgets it and this runner has room for another. */
-  private async forget(id: string, taken: TakenWork): Promise<void> {
+  private async forget(id: string): Promise<void> {
+    const taken = this.held.get(id);
     this.batches.delete(id);
     this.live.delete(id);
     this.held.delete(id);
     this.writes.delete(id);
     this.turn = this.turn.filter((turnId) => turnId !== id);
     this.pump();
-    await taken.done();
+    await taken?.done();
   }
 
   private async runLine(work: BatchWork, index: number): Promise<void> {
@@ -575,7 +580,7 @@ export class JobRunner {
         batch.completed_at = created;
       }
       await this.persist(record);
-      await this.forget(batch.id, work.taken);
+      await this.forget(batch.id);
     } catch (err) {
       work.finalizing = false;
       this.log(`sluice: batch ${batch.id} could not be finalized: ${(err as Error).message}`);

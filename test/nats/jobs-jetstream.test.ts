@@ -249,6 +249,38 @@ describe("jobs on JetStream, two frontends", () => {
     for (const f of [a, b]) await assertIdle(f);
   });
 
+  test("a batch cancelled at the frontend that does not run it stops where it runs", async () => {
+    const a = await startFrontend("a", 2);
+    const b = await startFrontend("b", 2);
+    const ids = Array.from({ length: 30 }, (_, i) => `c${i}`);
+    const batchId = await createBatch(
+      a,
+      await upload(
+        a,
+        ids.map((id) => lineOf(id, 200)),
+      ),
+    );
+    await eventually(
+      () => a.jobs.runner.activeBatches + b.jobs.runner.activeBatches === 1,
+      "a frontend to take the batch",
+      30_000,
+    );
+    const [holder, other] = a.jobs.runner.activeBatches === 1 ? [a, b] : [b, a];
+    await pollBatch(other, batchId, (batch) => batch.request_counts.completed >= 1);
+    const cancelling = await other.call(`/v1/batches/${batchId}/cancel`, { method: "POST" });
+    assert.equal(cancelling.status, 200);
+    assert.equal(((await cancelling.json()) as BatchView).status, "cancelling");
+    const done = await pollBatch(holder, batchId, (batch) => batch.status === "cancelled");
+    assert.equal(done.request_counts.total, 30);
+    const answered = [
+      ...(await outputLines(other, done.output_file_id)),
+      ...(await outputLines(other, done.error_file_id)),
+    ];
+    assert.deepEqual(answered.map((line) => line.custom_id).sort(), [...ids].sort());
+    assert.ok(done.request_counts.completed < 30, "the cancel stopped lines that had not run");
+    for (const f of [a, b]) await assertIdle(f);
+  });
+
   test("a frontend that dies mid-batch loses no line: the other finishes the batch, every line answered once", async () => {
     const a = await startFrontend("a");
     const b = await startFrontend("b");
