@@ -10,6 +10,7 @@ import { connect, type NatsConnection } from "nats";
 import { createApp } from "../../adapters/http/app.js";
 import { Jobs } from "../../adapters/jobs/index.js";
 import { LINES_BUCKET, openJetStreamJobs } from "../../adapters/nats/jetstream-jobs.js";
+import { KvIdempotencyKeys } from "../../adapters/nats/kv-idempotency.js";
 import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
 import type { Scheduler } from "../../src/scheduler.js";
 import { eventually, fastSim, MODEL, makeScheduler } from "./nats-harness.js";
@@ -319,5 +320,47 @@ describe("jobs on JetStream, two frontends", () => {
     for await (const key of await lines.keys(`${batchId}.>`)) keys.push(key);
     assert.equal(keys.length, LINES);
     await assertIdle(other);
+  });
+});
+
+describe("Idempotency-Keys in KV", () => {
+  test("a key whose frontend died is free again once its claim lapses; a key still renewed is not", async () => {
+    const dyingNc = await connect({ servers: server.url });
+    const aliveNc = await connect({ servers: server.url });
+    const dying = await KvIdempotencyKeys.open({ nc: dyingNc, runningLeaseMs: 1000 });
+    const alive = await KvIdempotencyKeys.open({ nc: aliveNc, runningLeaseMs: 1000 });
+    try {
+      const renewed = await alive.begin("t", "renewed", "fp");
+      assert.equal(renewed.kind, "new");
+      assert.equal((await dying.begin("t", "orphan", "fp")).kind, "new");
+      // Dies holding the key: no renewal, no finish.
+      dying.close();
+      await dyingNc.close();
+      assert.equal((await alive.begin("t", "orphan", "fp")).kind, "in_progress");
+      assert.equal((await alive.begin("t", "orphan", "another body")).kind, "reused");
+      const deadline = Date.now() + 30_000;
+      let retry = await alive.begin("t", "orphan", "fp");
+      while (retry.kind !== "new") {
+        if (Date.now() > deadline) assert.fail(`the lapsed claim was never free: ${retry.kind}`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        retry = await alive.begin("t", "orphan", "fp");
+      }
+      // Past the dead claim's lease, the claim renewed all along still holds.
+      assert.equal((await alive.begin("t", "renewed", "fp")).kind, "in_progress");
+      await retry.finish({ fingerprint: "fp", status: 200, headers: {}, body: "answer" });
+      const replay = await alive.begin("t", "orphan", "fp");
+      assert.equal(replay.kind, "replay");
+      assert.equal(replay.kind === "replay" && replay.record.body, "answer");
+      if (renewed.kind === "new") renewed.abandon();
+      await eventually(() => alive.inProgress === 0, "the abandoned key to be freed");
+      // Another tenant's same key is another key.
+      const other = await alive.begin("u", "orphan", "fp");
+      assert.equal(other.kind, "new");
+      if (other.kind === "new") other.abandon();
+      assert.equal(alive.inProgress, 0);
+    } finally {
+      alive.close();
+      await aliveNc.close();
+    }
   });
 });

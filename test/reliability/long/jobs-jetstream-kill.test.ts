@@ -9,11 +9,11 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import OpenAI, { toFile } from "openai";
+import { toFile } from "openai";
 import { type NatsServerProcess, startNatsServer } from "../../../adapters/nats/nats-server-process.js";
-import { type SluiceChild, spawnSluice } from "../helpers.js";
+import { killAll, longBatchLines, parseJsonl, pollUntil, sdk, serveChild } from "../../jobs/batch-helpers.js";
+import type { SluiceChild } from "../helpers.js";
 
-const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 const LINES = 48;
 const scratch = mkdtempSync(join(tmpdir(), "sluice-js-kill-"));
 const children: SluiceChild[] = [];
@@ -24,54 +24,13 @@ before(async () => {
 });
 
 after(async () => {
-  for (const child of children) {
-    if (child.child.exitCode === null && child.child.signalCode === null) {
-      child.child.kill("SIGKILL");
-      await child.exited;
-    }
-  }
+  await killAll(children);
   await nats?.close();
   rmSync(scratch, { recursive: true, force: true });
 });
 
-async function serve(name: string): Promise<{ child: SluiceChild; url: string }> {
-  const child = spawnSluice([
-    "serve",
-    "--port",
-    "0",
-    "--host",
-    "127.0.0.1",
-    "--sim-replicas",
-    "2",
-    "--nats",
-    nats.url,
-    // Unused with --nats (jobs live in JetStream), and each frontend's own: never a shared directory.
-    "--data-dir",
-    join(scratch, name),
-  ]);
-  children.push(child);
-  const match = await child.waitFor(/listening on (http:\/\/[0-9.]+:\d+)/, 60_000);
-  return { child, url: match[1]! };
-}
-
-function sdk(url: string): OpenAI {
-  return new OpenAI({ baseURL: `${url}/v1`, apiKey: "not-checked", maxRetries: 0, timeout: 30_000 });
-}
-
-async function pollUntil<T>(
-  read: () => Promise<T>,
-  done: (value: T) => boolean,
-  limitMs: number,
-  what: string,
-) {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(value)}`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-}
+/** A frontend on the shared NATS; its data directory is unused with --nats, and never shared. */
+const serve = (name: string) => serveChild(["--nats", nats.url, "--data-dir", join(scratch, name)], children);
 
 /** The frontend's `sluice_batches_active` gauge: batches it runs now. */
 async function batchesActive(url: string): Promise<number> {
@@ -84,14 +43,7 @@ test("SIGKILL of the frontend running a batch: the other frontend finishes it, e
   const first = await serve("a");
   const second = await serve("b");
   assert.match(first.child.output(), /jobs and files on JetStream/);
-  const lines = Array.from({ length: LINES }, (_, i) =>
-    JSON.stringify({
-      custom_id: `line-${i}`,
-      method: "POST",
-      url: "/v1/chat/completions",
-      body: { model: MODEL, messages: [{ role: "user", content: `item ${i}` }], max_tokens: 300 },
-    }),
-  );
+  const lines = longBatchLines(LINES);
   // Uploaded at one frontend, created at the other: files and batches are the fleet's.
   const input = await sdk(first.url).files.create({
     file: await toFile(Buffer.from(`${lines.join("\n")}\n`), "kill.jsonl"),
@@ -135,10 +87,7 @@ test("SIGKILL of the frontend running a batch: the other frontend finishes it, e
   );
   assert.deepEqual(done.request_counts, { total: LINES, completed: LINES, failed: 0 });
   assert.equal(done.error_file_id, null);
-  const output = (await (await sdk(other.url).files.content(done.output_file_id!)).text())
-    .split("\n")
-    .filter((line) => line !== "")
-    .map((line) => JSON.parse(line) as { id: string; custom_id: string; response: { status_code: number } });
+  const output = parseJsonl(await (await sdk(other.url).files.content(done.output_file_id!)).text());
   assert.equal(output.length, LINES);
   assert.deepEqual(output.map((line) => line.custom_id).sort(), lines.map((_, i) => `line-${i}`).sort());
   assert.equal(new Set(output.map((line) => line.id)).size, LINES);
