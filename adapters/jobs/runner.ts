@@ -197,6 +197,10 @@ export class JobRunner {
       return;
     }
     const record = await this.store.getBatch(id);
+    if (this.closed) {
+      taken.release();
+      return;
+    }
     if (!record || TERMINAL_BATCH_STATUSES.has(record.batch.status)) {
       await taken.done();
       return;
