@@ -351,7 +351,11 @@ function takenWork(kind: WorkItem["kind"], msg: JsMsg): TakenWork {
   return {
     item: { kind, id },
     working: () => {
-      if (!settled) msg.working();
+      try {
+        if (!settled) msg.working();
+      } catch {
+        // The connection is away; if it stays away past the ack wait, another frontend takes the work.
+      }
     },
     done: async () => {
       if (settled) return;
@@ -362,7 +366,11 @@ function takenWork(kind: WorkItem["kind"], msg: JsMsg): TakenWork {
     release: () => {
       if (settled) return;
       settled = true;
-      msg.nak();
+      try {
+        msg.nak();
+      } catch {
+        // The connection is gone: the ack wait gives the work back instead.
+      }
     },
   };
 }

@@ -282,6 +282,35 @@ describe("jobs on JetStream, two frontends", () => {
     for (const f of [a, b]) await assertIdle(f);
   });
 
+  test("an asynchronous call running at a frontend that dies is answered by the other", async () => {
+    const a = await startFrontend("a");
+    const accepted = await a.call("/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json", prefer: "respond-async" },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "long" }], max_tokens: 3000 }),
+    });
+    assert.equal(accepted.status, 202);
+    const location = accepted.headers.get("location")!;
+    await eventually(() => a.jobs.runner.running === 1, "the call to run at the only frontend", 30_000);
+    const b = await startFrontend("b");
+    await a.nc.close();
+    a.dead = true;
+    // Its process stops too; the call's run is cut, unrecorded.
+    await a.jobs.close();
+    const deadline = Date.now() + 120_000;
+    let answer = await b.call(location);
+    while (answer.status === 202) {
+      if (Date.now() > deadline) assert.fail("the call never ran at the surviving frontend");
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      answer = await b.call(location);
+    }
+    assert.equal(answer.status, 200);
+    const completion = (await answer.json()) as { object: string; usage: { completion_tokens: number } };
+    assert.equal(completion.object, "chat.completion");
+    assert.ok(completion.usage.completion_tokens > 0);
+    await assertIdle(b);
+  });
+
   test("a frontend that dies mid-batch loses no line: the other finishes the batch, every line answered once", async () => {
     const a = await startFrontend("a");
     const b = await startFrontend("b");
