@@ -52,9 +52,9 @@ export interface JobsOptions {
   concurrency?: number;
   /** Largest uploaded file, bytes. Default 200 MiB. */
   fileLimitBytes?: number;
-  /** How long a response is kept for its Idempotency-Key, ms. Default 24 h. */
+  /** How long a response is kept for its Idempotency-Key, ms. Default 24 h. Embedded store only (a `backend` has its own ledger). */
   idempotencyTtlMs?: number;
-  /** Most responses kept for Idempotency-Keys. Default 10000. */
+  /** Most responses kept for Idempotency-Keys. Default 10000. Embedded store only. */
   idempotencyMaxRecords?: number;
   /** How long a finished batch, its results and output files are kept, ms. Default 30 days. */
   batchRetentionMs?: number;

@@ -335,8 +335,7 @@ export class JobRunner {
       // Cancelled before its lines were read, and they could not have run anyway.
       batch.status = "cancelled";
       batch.cancelled_at = seconds(this.now());
-      await this.persist(record);
-      await this.forget(batch.id);
+      await this.end(record);
       return;
     }
     if (batch.status === "validating") {
@@ -381,19 +380,30 @@ export class JobRunner {
     batch.status = "failed";
     batch.failed_at = seconds(this.now());
     batch.errors = { object: "list", data: errors };
-    await this.persist(record);
-    await this.forget(batch.id);
+    await this.end(record);
   }
 
-  /** The batch has ended: the queue forgets it and this runner has room for another. */
-  private async forget(id: string): Promise<void> {
+  /**
+   * Ends a batch whose record holds its final status: off this runner's books first (whoever reads
+   * the final status finds it held nowhere), then the record written, then the queue told it is done.
+   * If the write fails, the batch goes back to the queue to be ended again.
+   */
+  private async end(record: BatchRecord): Promise<void> {
+    const id = record.batch.id;
     const taken = this.held.get(id);
     this.batches.delete(id);
     this.live.delete(id);
     this.held.delete(id);
-    this.writes.delete(id);
     this.turn = this.turn.filter((turnId) => turnId !== id);
     this.pump();
+    try {
+      await this.persist(record);
+    } catch (err) {
+      taken?.release();
+      throw err;
+    } finally {
+      this.writes.delete(id);
+    }
     await taken?.done();
   }
 
@@ -583,8 +593,7 @@ export class JobRunner {
         batch.status = "completed";
         batch.completed_at = created;
       }
-      await this.persist(record);
-      await this.forget(batch.id);
+      await this.end(record);
     } catch (err) {
       work.finalizing = false;
       this.log(`sluice: batch ${batch.id} could not be finalized: ${(err as Error).message}`);
