@@ -137,6 +137,29 @@ async function outputLines(f: Frontend, fileId: string | null) {
     .map((line) => JSON.parse(line) as { id: string; custom_id: string; response: { status_code: number } });
 }
 
+/** Accepts a chat call `Prefer: respond-async` at a frontend; resolves to the job's Location. */
+async function acceptAsync(f: Frontend, content: string, maxTokens: number): Promise<string> {
+  const accepted = await f.call("/v1/chat/completions", {
+    method: "POST",
+    headers: { "content-type": "application/json", prefer: "respond-async" },
+    body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content }], max_tokens: maxTokens }),
+  });
+  assert.equal(accepted.status, 202);
+  return accepted.headers.get("location")!;
+}
+
+/** Polls a job at a frontend until it is no longer pending. */
+async function jobAnswer(f: Frontend, location: string): Promise<Response> {
+  const deadline = Date.now() + 120_000;
+  let answer = await f.call(location);
+  while (answer.status === 202) {
+    if (Date.now() > deadline) assert.fail(`the call at ${location} never ran at ${f.name}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    answer = await f.call(location);
+  }
+  return answer;
+}
+
 /** Every counter of a live frontend back at zero: runs, keys, permits, reservations, window slots. */
 async function assertIdle(f: Frontend): Promise<void> {
   // A run ends (and its work is acknowledged) a moment after its answer is readable.
@@ -188,20 +211,8 @@ describe("jobs on JetStream, two frontends", () => {
   test("an asynchronous call accepted at one frontend is polled at the other", async () => {
     const a = await startFrontend("a");
     const b = await startFrontend("b");
-    const accepted = await a.call("/v1/chat/completions", {
-      method: "POST",
-      headers: { "content-type": "application/json", prefer: "respond-async" },
-      body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "later" }], max_tokens: 8 }),
-    });
-    assert.equal(accepted.status, 202);
-    const location = accepted.headers.get("location")!;
-    const deadline = Date.now() + 60_000;
-    let answer = await b.call(location);
-    while (answer.status === 202) {
-      if (Date.now() > deadline) assert.fail("the asynchronous call never ran");
-      await new Promise((resolve) => setTimeout(resolve, 25));
-      answer = await b.call(location);
-    }
+    const location = await acceptAsync(a, "later", 8);
+    const answer = await jobAnswer(b, location);
     assert.equal(answer.status, 200);
     assert.equal(answer.headers.get("x-sluice-job-status"), "completed");
     assert.equal(((await answer.json()) as { object: string }).object, "chat.completion");
@@ -287,26 +298,14 @@ describe("jobs on JetStream, two frontends", () => {
 
   test("an asynchronous call running at a frontend that dies is answered by the other", async () => {
     const a = await startFrontend("a");
-    const accepted = await a.call("/v1/chat/completions", {
-      method: "POST",
-      headers: { "content-type": "application/json", prefer: "respond-async" },
-      body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "long" }], max_tokens: 3000 }),
-    });
-    assert.equal(accepted.status, 202);
-    const location = accepted.headers.get("location")!;
+    const location = await acceptAsync(a, "long", 3000);
     await eventually(() => a.jobs.runner.running === 1, "the call to run at the only frontend", 30_000);
     const b = await startFrontend("b");
     await a.nc.close();
     a.dead = true;
     // Its process stops too; the call's run is cut, unrecorded.
     await a.jobs.close();
-    const deadline = Date.now() + 120_000;
-    let answer = await b.call(location);
-    while (answer.status === 202) {
-      if (Date.now() > deadline) assert.fail("the call never ran at the surviving frontend");
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      answer = await b.call(location);
-    }
+    const answer = await jobAnswer(b, location);
     assert.equal(answer.status, 200);
     const completion = (await answer.json()) as { object: string; usage: { completion_tokens: number } };
     assert.equal(completion.object, "chat.completion");
