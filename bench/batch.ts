@@ -2,7 +2,8 @@
  * @module A large batch beside interactive load: `sluice serve` on simulated replicas (real time), closed-loop
  * interactive clients measured alone and then while a 10,000-line batch runs in the bulk lane. It answers:
  * how fast does the batch go, and what does it cost interactive time to first token?
- * Run: `npx tsx bench/batch.ts [--lines 10000] [--clients 8] [--baseline-s 10] [--json FILE]`.
+ * Run: `npx tsx bench/batch.ts [--lines 10000] [--clients 8] [--baseline-s 10] [--nats] [--json FILE]`;
+ * `--nats` keeps the jobs in JetStream (a local nats-server) instead of the embedded store.
  */
 
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -11,6 +12,7 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { startServer } from "../adapters/cli/serve.js";
+import { type NatsServerProcess, startNatsServer } from "../adapters/nats/nats-server-process.js";
 import { quantile, round } from "./stats.js";
 
 const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
@@ -25,6 +27,8 @@ export interface BatchBenchOptions {
   baselineS?: number;
   /** Longest the batch may take, s. Default 1800. */
   limitS?: number;
+  /** Keep the jobs in JetStream (a local nats-server started for the run). Default false. */
+  nats?: boolean;
 }
 
 interface InteractiveStats {
@@ -100,7 +104,15 @@ export async function runBatchBench(options: BatchBenchOptions = {}): Promise<Re
   const baselineS = options.baselineS ?? 10;
   const limitS = options.limitS ?? 1800;
   const dataDir = mkdtempSync(join(tmpdir(), "sluice-batch-bench-"));
-  const server = await startServer({ port: 0, host: "127.0.0.1", simReplicas: 2, dataDir, log: () => {} });
+  const nats: NatsServerProcess | undefined = options.nats ? await startNatsServer() : undefined;
+  const server = await startServer({
+    port: 0,
+    host: "127.0.0.1",
+    simReplicas: 2,
+    dataDir,
+    log: () => {},
+    ...(nats ? { nats: nats.url } : {}),
+  });
   try {
     const alone = new AbortController();
     const baseline = interactiveLoad(server.url, clients, alone.signal);
@@ -155,6 +167,7 @@ export async function runBatchBench(options: BatchBenchOptions = {}): Promise<Re
     beside.abort();
     await withBatch.done;
     return {
+      store: nats ? "jetstream" : "lmdb",
       lines,
       clients,
       batch_status: batch.status,
@@ -167,6 +180,7 @@ export async function runBatchBench(options: BatchBenchOptions = {}): Promise<Re
     };
   } finally {
     await server.close();
+    await nats?.close();
     rmSync(dataDir, { recursive: true, force: true });
   }
 }
@@ -177,6 +191,7 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
       lines: { type: "string" },
       clients: { type: "string" },
       "baseline-s": { type: "string" },
+      nats: { type: "boolean" },
       json: { type: "string" },
     },
   });
@@ -184,6 +199,7 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     ...(values.lines ? { lines: Number(values.lines) } : {}),
     ...(values.clients ? { clients: Number(values.clients) } : {}),
     ...(values["baseline-s"] ? { baselineS: Number(values["baseline-s"]) } : {}),
+    ...(values.nats ? { nats: true } : {}),
   });
   const text = JSON.stringify(result, null, 2);
   if (values.json) writeFileSync(values.json, `${text}\n`);

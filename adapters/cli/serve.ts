@@ -26,7 +26,7 @@ import { createApp, DEFAULT_STREAM_STALL_TIMEOUT_MS } from "../http/app.js";
 import { CallTracker } from "../http/call-tracker.js";
 import { answerClientErrors } from "../http/client-error.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/read-body.js";
-import { DEFAULT_DATA_DIR, Jobs } from "../jobs/index.js";
+import { DEFAULT_DATA_DIR, Jobs, type JobsBackend } from "../jobs/index.js";
 import { createLogger, LOG_LEVELS, type Logger, type LogLevel } from "../log/logger.js";
 import { logStartup } from "../log/operations-log.js";
 import { createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
@@ -193,6 +193,8 @@ async function loadNats(): Promise<StartNatsService> {
 /** What the scheduler takes from NATS when it is built: the shared window authority and session directory. */
 interface NatsScaleOut {
   frontend: {
+    /** The connection, which jobs on JetStream share. */
+    nc: unknown;
     close(): Promise<void>;
     /** One holder per session fleet-wide, whichever frontend an HTTP request reaches. */
     wrapFetch?<F extends (request: Request) => Response | Promise<Response>>(
@@ -201,6 +203,8 @@ interface NatsScaleOut {
     ): F;
   };
   schedulerPorts: Pick<SchedulerOptions, "windowAuthority" | "sessionDirectory">;
+  /** Jobs on JetStream over the frontend's connection (shared by every frontend). */
+  openJobs(): Promise<JobsBackend>;
 }
 
 /**
@@ -218,6 +222,7 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
       servers: string;
       log: (line: string) => void;
     }) => Promise<NatsScaleOut["frontend"] & NatsScaleOut["schedulerPorts"]>;
+    openJetStreamJobs?: (options: { nc: unknown }) => Promise<JobsBackend>;
   };
   if (typeof module.connectNatsFrontend !== "function") {
     throw new ConfigError("--nats: adapters/nats does not export connectNatsFrontend", { flag: "--nats" });
@@ -231,7 +236,37 @@ async function connectNatsScaleOut(url: string, log: (line: string) => void): Pr
   const schedulerPorts: NatsScaleOut["schedulerPorts"] = {};
   if (frontend.windowAuthority) schedulerPorts.windowAuthority = frontend.windowAuthority;
   if (frontend.sessionDirectory) schedulerPorts.sessionDirectory = frontend.sessionDirectory;
-  return { frontend, schedulerPorts };
+  const openJetStreamJobs = module.openJetStreamJobs;
+  return {
+    frontend,
+    schedulerPorts,
+    openJobs: async () => {
+      if (typeof openJetStreamJobs !== "function")
+        throw new Error("adapters/nats does not export openJetStreamJobs");
+      return openJetStreamJobs({ nc: frontend.nc });
+    },
+  };
+}
+
+/**
+ * Where jobs live: with `--nats`, in JetStream, shared by every frontend; without it (or when
+ * JetStream cannot hold them), in the embedded store under the data directory.
+ */
+async function openJobsBackend(
+  natsScaleOut: NatsScaleOut | undefined,
+  log: (line: string) => void,
+): Promise<JobsBackend | undefined> {
+  if (!natsScaleOut) return undefined;
+  try {
+    const backend = await natsScaleOut.openJobs();
+    log(`sluice: jobs and files on ${backend.store.location}, shared by every frontend`);
+    return backend;
+  } catch (err) {
+    log(
+      `sluice: jobs cannot live in JetStream (${describeError(err)}); they are kept in this frontend's data directory`,
+    );
+    return undefined;
+  }
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -267,11 +302,12 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   const registry = new Registry();
   const metrics = createMetrics(registry, scheduler);
   const tracker = new CallTracker();
+  const jobsBackend = await openJobsBackend(natsScaleOut, log);
   const jobs = await Jobs.open({
     scheduler,
     log,
     registry,
-    ...(options.dataDir ? { dataDir: options.dataDir } : {}),
+    ...(jobsBackend ? { backend: jobsBackend } : options.dataDir ? { dataDir: options.dataDir } : {}),
   });
   const app = createApp({
     jobs,
@@ -378,9 +414,10 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
       await serverClosed;
       await natsDrained;
-      await nats?.close();
-      // Lines in flight stop unrecorded and run again at the next start.
+      // Lines in flight stop unrecorded and run again at the next start (or, on JetStream, at once on
+      // another frontend): before the connection closes, so the work taken goes back to the queue.
       await jobs.close();
+      await nats?.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
     })();
@@ -457,7 +494,7 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     schema: z.string(),
     placeholder: "<url>",
     expects: "a NATS server URL",
-    help: "NATS server URL: also serve the NATS API",
+    help: "NATS server URL: also serve the NATS API, share sessions and windows, and keep jobs in JetStream",
   }),
   defineSetting({
     flag: "upstream",
@@ -492,7 +529,7 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     schema: z.string().min(1).default(DEFAULT_DATA_DIR),
     placeholder: "<path>",
     expects: "a directory path",
-    help: "directory for batches, files and idempotency records (kept across restarts)",
+    help: "directory for batches, files and idempotency records (kept across restarts); with --nats they live in JetStream instead",
   }),
   defineSetting({
     flag: "sim-replicas",

@@ -9,12 +9,12 @@ import { Refusal } from "../../src/errors.js";
 import type { ApiKeys } from "../http/api-keys.js";
 import { readStreamCapped } from "../http/read-body.js";
 import { prefersAsync } from "./prefer.js";
-import type { JobStore } from "./store.js";
+import type { LmdbJobStore } from "./store.js";
 import type { IdempotencyRecord } from "./types.js";
 
 /** Options of {@link IdempotencyKeys}. */
 export interface IdempotencyOptions {
-  store: JobStore;
+  store: LmdbJobStore;
   /** How long a finished request's response is kept for its key, ms. Default 24 h. */
   ttlMs?: number;
   /** Most responses kept (oldest forgotten first), memory index and disk alike. Default 10000. */
@@ -39,6 +39,24 @@ export type KeyState =
   | { kind: "in_progress"; ended: Promise<void> }
   | { kind: "reused" };
 
+/**
+ * Where keys are kept: `IdempotencyKeys` in this process and its embedded store, or a shared one
+ * (JetStream KV with `--nats`, `adapters/nats/kv-idempotency.ts`) so a retry reaching another
+ * frontend finds its key.
+ */
+export interface IdempotencyLedger {
+  /** Looks a key up and, when new, claims it for this request until `finish` or `abandon`. */
+  begin(tenant: string, key: string, fingerprint: string): Promise<KeyState>;
+  /** Largest response body kept, bytes. */
+  readonly maxBodyBytes: number;
+  /** Keys whose response is kept (as far as this process knows). */
+  readonly size: number;
+  /** Keys whose first request runs in this process. */
+  readonly inProgress: number;
+  /** Forgets responses past their time (a shared ledger may leave that to its store). */
+  sweep(): void;
+}
+
 /** Response headers a replay gives back; the request id is the replay's own. */
 const KEPT_HEADERS = [
   "content-type",
@@ -50,7 +68,7 @@ const KEPT_HEADERS = [
 ];
 
 /** Statuses whose response is final for the key; anything else (429, 5xx, 409 …) frees the key so a retry runs anew. */
-function isFinalStatus(status: number): boolean {
+export function isFinalStatus(status: number): boolean {
   if (status >= 200 && status < 300) return true;
   return status >= 400 && status < 500 && ![408, 409, 425, 429].includes(status);
 }
@@ -61,8 +79,8 @@ const scoped = (tenant: string, key: string) => `${tenant}\n${key}`;
  * The keys, scoped per tenant: running ones in memory (a crash ends those requests, so there is
  * nothing to keep), finished ones in the store with an index in memory, both bounded.
  */
-export class IdempotencyKeys {
-  private readonly store: JobStore;
+export class IdempotencyKeys implements IdempotencyLedger {
+  private readonly store: LmdbJobStore;
   readonly ttlMs: number;
   private readonly maxRecords: number;
   private readonly maxInProgress: number;
@@ -112,8 +130,7 @@ export class IdempotencyKeys {
     return this.running.size;
   }
 
-  /** Looks a key up and, when new, claims it for this request until `finish` or `abandon`. */
-  begin(tenant: string, key: string, fingerprint: string): KeyState {
+  async begin(tenant: string, key: string, fingerprint: string): Promise<KeyState> {
     const id = scoped(tenant, key);
     const first = this.running.get(id);
     if (first !== undefined) {
@@ -257,7 +274,7 @@ async function fingerprintOf(
 
 /** Options of {@link idempotencyMiddleware}. */
 export interface IdempotencyMiddlewareOptions {
-  keys: IdempotencyKeys;
+  keys: IdempotencyLedger;
   /** API keys: a request's key is scoped to its tenant. */
   apiKeys?: ApiKeys | undefined;
   /** Body limit of a path, bytes. */
@@ -313,14 +330,14 @@ export function idempotencyMiddleware(options: IdempotencyMiddlewareOptions) {
     const env = c.env as Record<string, unknown> | undefined;
     if (env && "incoming" in env) c.env = { ...env, incoming: undefined };
 
-    let state = keys.begin(tenant, key, fingerprint);
+    let state = await keys.begin(tenant, key, fingerprint);
     if (state.kind === "in_progress" && createsJob(c.req.path, c.req.header("prefer"))) {
       // Creating a job takes a moment: the retry waits for the first and gets the same job.
       await Promise.race([
         state.ended,
         new Promise((resolve) => setTimeout(resolve, JOB_CREATION_WAIT_MS).unref()),
       ]);
-      state = keys.begin(tenant, key, fingerprint);
+      state = await keys.begin(tenant, key, fingerprint);
     }
     if (state.kind === "in_progress") {
       throw new Refusal(

@@ -4,34 +4,57 @@ import type { Hono } from "hono";
 import type { Registry } from "prom-client";
 import type { ApiKeys } from "../http/api-keys.js";
 import type { HttpScheduler } from "../http/app.js";
-import { IdempotencyKeys, idempotencyMiddleware } from "./idempotency.js";
+import { IdempotencyKeys, type IdempotencyLedger, idempotencyMiddleware } from "./idempotency.js";
+import type { JobStore, WorkQueue } from "./job-store.js";
+import { LocalWorkQueue } from "./local-work-queue.js";
 import { NO_JOB_EVENTS, registerJobMetrics } from "./metrics.js";
 import { type JobsEnv, type JobsRouteContext, mountJobRoutes } from "./routes.js";
 import { JobRunner } from "./runner.js";
-import { JobStore } from "./store.js";
+import { LmdbJobStore } from "./store.js";
 
 export { parseBatchInput } from "./batch-input.js";
-export { IdempotencyKeys, idempotencyMiddleware } from "./idempotency.js";
+export {
+  IdempotencyKeys,
+  type IdempotencyLedger,
+  idempotencyMiddleware,
+  isFinalStatus,
+  type KeyState,
+} from "./idempotency.js";
+export type { JobStore, RecordChange, TakenWork, WorkItem, WorkQueue } from "./job-store.js";
+export { LocalWorkQueue } from "./local-work-queue.js";
 export type { JobsEnv, JobsRouteContext } from "./routes.js";
 export { JobRunner } from "./runner.js";
-export { DEFAULT_DATA_DIR, JobStore } from "./store.js";
+export { DEFAULT_DATA_DIR, LmdbJobStore, newId } from "./store.js";
 export type * from "./types.js";
 
 /** Default largest uploaded file: 200 MiB (OpenAI's limit for a batch input file). */
 export const DEFAULT_FILE_LIMIT_BYTES = 200 * 1024 * 1024;
 
+/**
+ * Where jobs live when not in the embedded store: a store, the queue runners take work from and the
+ * ledger of Idempotency-Keys, shared by every frontend (JetStream with `--nats`). `close` ends them.
+ */
+export interface JobsBackend {
+  store: JobStore;
+  queue: WorkQueue;
+  idempotency: IdempotencyLedger;
+  close(): Promise<void>;
+}
+
 /** Options of {@link Jobs.open}. */
 export interface JobsOptions {
   scheduler: HttpScheduler;
-  /** Where jobs and files live; omitted: a temporary directory (nothing survives a restart). */
+  /** Where jobs and files live; omitted: a temporary directory (nothing survives a restart). Unused with `backend`. */
   dataDir?: string;
+  /** A shared backend instead of the embedded store in `dataDir`. */
+  backend?: JobsBackend;
   /** Lines and asynchronous calls running at once. Default 32. */
   concurrency?: number;
   /** Largest uploaded file, bytes. Default 200 MiB. */
   fileLimitBytes?: number;
-  /** How long a response is kept for its Idempotency-Key, ms. Default 24 h. */
+  /** How long a response is kept for its Idempotency-Key, ms. Default 24 h. Embedded store only (a `backend` has its own ledger). */
   idempotencyTtlMs?: number;
-  /** Most responses kept for Idempotency-Keys. Default 10000. */
+  /** Most responses kept for Idempotency-Keys. Default 10000. Embedded store only. */
   idempotencyMaxRecords?: number;
   /** How long a finished batch, its results and output files are kept, ms. Default 30 days. */
   batchRetentionMs?: number;
@@ -53,12 +76,15 @@ export interface JobsMount {
 export class Jobs implements JobsMount {
   readonly store: JobStore;
   readonly runner: JobRunner;
-  readonly idempotency: IdempotencyKeys;
+  readonly idempotency: IdempotencyLedger;
+  private readonly backend: JobsBackend;
   private readonly options: JobsOptions;
   private sweep: ReturnType<typeof setInterval> | undefined;
 
-  private constructor(store: JobStore, options: JobsOptions) {
-    this.store = store;
+  private constructor(backend: JobsBackend, options: JobsOptions) {
+    this.backend = backend;
+    this.store = backend.store;
+    this.idempotency = backend.idempotency;
     this.options = options;
     // The gauges read the runner and the keys at scrape time, after both exist.
     const events = options.registry
@@ -70,28 +96,43 @@ export class Jobs implements JobsMount {
       : NO_JOB_EVENTS;
     this.runner = new JobRunner({
       events,
-      store,
+      store: backend.store,
+      queue: backend.queue,
       scheduler: options.scheduler,
       ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
       ...(options.batchRetentionMs !== undefined ? { batchRetentionMs: options.batchRetentionMs } : {}),
       ...(options.now ? { now: options.now } : {}),
       ...(options.log ? { log: options.log } : {}),
     });
-    this.idempotency = new IdempotencyKeys({
+  }
+
+  /** Opens the store (the backend given, or the embedded one taking `dataDir`); call `start()` once the scheduler runs. */
+  static async open(options: JobsOptions): Promise<Jobs> {
+    return new Jobs(options.backend ?? (await Jobs.embedded(options)), options);
+  }
+
+  /** The embedded backend: LMDB in the data directory, one runner. */
+  private static async embedded(options: JobsOptions): Promise<JobsBackend> {
+    const store = await LmdbJobStore.open({
+      ...(options.dataDir !== undefined ? { dataDir: options.dataDir } : {}),
+      ...(options.log ? { log: options.log } : {}),
+    });
+    const queue = await LocalWorkQueue.open(store);
+    const idempotency = new IdempotencyKeys({
       store,
       ...(options.idempotencyTtlMs !== undefined ? { ttlMs: options.idempotencyTtlMs } : {}),
       ...(options.idempotencyMaxRecords !== undefined ? { maxRecords: options.idempotencyMaxRecords } : {}),
       ...(options.now ? { now: options.now } : {}),
     });
-  }
-
-  /** Opens the store (taking `dataDir`); call `start()` once the scheduler runs. */
-  static async open(options: JobsOptions): Promise<Jobs> {
-    const store = await JobStore.open({
-      ...(options.dataDir !== undefined ? { dataDir: options.dataDir } : {}),
-      ...(options.log ? { log: options.log } : {}),
-    });
-    return new Jobs(store, options);
+    return {
+      store,
+      queue,
+      idempotency,
+      close: async () => {
+        await queue.close();
+        await store.close();
+      },
+    };
   }
 
   mount(app: Hono<JobsEnv>, ctx: JobsRouteContext & { keys?: ApiKeys | undefined }): void {
@@ -125,6 +166,6 @@ export class Jobs implements JobsMount {
   async close(): Promise<void> {
     if (this.sweep) clearInterval(this.sweep);
     await this.runner.close();
-    await this.store.close();
+    await this.backend.close();
   }
 }

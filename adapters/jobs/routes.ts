@@ -8,9 +8,10 @@ import { readJsonBody } from "../http/read-body.js";
 import { declaredLaneOf, positiveMsOf } from "../openai-api/call-headers.js";
 import { checkCallBody, sessionKeyOfHeaders } from "./call-executor.js";
 import { readBodyBytes } from "./idempotency.js";
+import type { JobStore } from "./job-store.js";
 import { prefersAsync } from "./prefer.js";
 import type { JobRunner } from "./runner.js";
-import { type JobStore, newId } from "./store.js";
+import { newId } from "./store.js";
 import {
   type AsyncJobRecord,
   type BatchRecord,
@@ -92,20 +93,20 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
   const { store, runner, scheduler } = options;
   const { requireKey, rateLimit } = ctx;
 
-  const fileOf = (c: Context<JobsEnv>, id: string): FileObject => {
-    const record = store.files.get(id);
+  const fileOf = async (c: Context<JobsEnv>, id: string): Promise<FileObject> => {
+    const record = await store.getFile(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("file_not_found", `no file ${bounded(id)}`);
     return record.file;
   };
-  const batchOf = (c: Context<JobsEnv>, id: string): BatchRecord => {
-    const record = store.batches.get(id);
+  const batchOf = async (c: Context<JobsEnv>, id: string): Promise<BatchRecord> => {
+    const record = await store.getBatch(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("batch_not_found", `no batch ${bounded(id)}`);
     return record;
   };
-  const jobOf = (c: Context<JobsEnv>, id: string): AsyncJobRecord => {
-    const record = store.jobs.get(id);
+  const jobOf = async (c: Context<JobsEnv>, id: string): Promise<AsyncJobRecord> => {
+    const record = await store.getJob(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("job_not_found", `no job ${bounded(id)}`);
     return record;
@@ -155,28 +156,26 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
       status_details: null,
       expires_at: null,
     };
-    store.writeFileBody(record.id, content);
-    await store.commit(() => store.files.put(record.id, { file: record, tenant: tenantOf(c).tenant }));
+    await store.putFile({ file: record, tenant: tenantOf(c).tenant }, content);
     return c.json(record);
   });
 
-  app.get("/v1/files", requireKey, (c) => {
+  app.get("/v1/files", requireKey, async (c) => {
     const tenant = tenantOf(c).tenant;
     const limit = limitOf(c.req.query("limit"), 10_000, 10_000);
     const after = c.req.query("after");
     const purpose = c.req.query("purpose");
-    const records = store.files.getRange({ reverse: true, ...(after ? { start: after } : {}) });
     return c.json(
-      listPage(records, limit, after, ({ file, tenant: owner }) =>
+      await listPage(store.listFiles(after), limit, after, ({ file, tenant: owner }) =>
         owner === tenant && (!purpose || file.purpose === purpose) ? file : undefined,
       ),
     );
   });
 
-  app.get("/v1/files/:id", requireKey, (c) => c.json(fileOf(c, c.req.param("id"))));
+  app.get("/v1/files/:id", requireKey, async (c) => c.json(await fileOf(c, c.req.param("id"))));
 
   app.get("/v1/files/:id/content", requireKey, async (c) => {
-    const file = fileOf(c, c.req.param("id"));
+    const file = await fileOf(c, c.req.param("id"));
     const body = await store.readFileBody(file.id);
     return new Response(new Uint8Array(body), {
       status: 200,
@@ -188,9 +187,8 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
   });
 
   app.delete("/v1/files/:id", requireKey, async (c) => {
-    const file = fileOf(c, c.req.param("id"));
-    await store.commit(() => store.files.remove(file.id));
-    store.removeFileBody(file.id);
+    const file = await fileOf(c, c.req.param("id"));
+    await store.deleteFile(file.id);
     return c.json({ id: file.id, object: "file", deleted: true });
   });
 
@@ -206,7 +204,7 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     if (typeof body.input_file_id !== "string") {
       throw new Refusal("invalid_request", "input_file_id is required", { param: "input_file_id" });
     }
-    const input = fileOf(c, body.input_file_id);
+    const input = await fileOf(c, body.input_file_id);
     if (input.purpose !== "batch") {
       throw new Refusal("invalid_request", `file ${input.id} was not uploaded with purpose "batch"`, {
         param: "input_file_id",
@@ -252,20 +250,21 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     return c.json(await runner.createBatch(record));
   });
 
-  app.get("/v1/batches", requireKey, (c) => {
+  app.get("/v1/batches", requireKey, async (c) => {
     const tenant = tenantOf(c).tenant;
     const limit = limitOf(c.req.query("limit"), 20, 100);
     const after = c.req.query("after");
-    const records = store.batches.getRange({ reverse: true, ...(after ? { start: after } : {}) });
     return c.json(
-      listPage(records, limit, after, ({ batch, tenant: owner }) => (owner === tenant ? batch : undefined)),
+      await listPage(store.listBatches(after), limit, after, ({ batch, tenant: owner }) =>
+        owner === tenant ? batch : undefined,
+      ),
     );
   });
 
-  app.get("/v1/batches/:id", requireKey, (c) => c.json(batchOf(c, c.req.param("id")).batch));
+  app.get("/v1/batches/:id", requireKey, async (c) => c.json((await batchOf(c, c.req.param("id"))).batch));
 
   app.post("/v1/batches/:id/cancel", requireKey, async (c) => {
-    const record = batchOf(c, c.req.param("id"));
+    const record = await batchOf(c, c.req.param("id"));
     return c.json((await runner.cancelBatch(record.batch.id)) ?? record.batch);
   });
 
@@ -351,8 +350,8 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
   app.use("/v1/chat/completions", respondAsync("/v1/chat/completions"));
   app.use("/v1/completions", respondAsync("/v1/completions"));
 
-  app.get("/v1/jobs/:id", requireKey, (c) => {
-    const job = jobOf(c, c.req.param("id"));
+  app.get("/v1/jobs/:id", requireKey, async (c) => {
+    const job = await jobOf(c, c.req.param("id"));
     if (job.response) {
       return new Response(JSON.stringify(job.response.body), {
         status: job.response.status,
@@ -373,25 +372,30 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
   });
 
   app.delete("/v1/jobs/:id", requireKey, async (c) => {
-    const job = jobOf(c, c.req.param("id"));
+    const job = await jobOf(c, c.req.param("id"));
     return c.json(jobView((await runner.cancelAsyncJob(job.id)) ?? job));
   });
 }
 
 /**
- * One page of an OpenAI list: ids are time-ordered, so newest first is reverse key order and
- * `after` is where the last page ended (itself excluded). `pick` returns what a record shows, or
- * undefined for a record this caller may not see.
+ * One page of an OpenAI list: `records` come newest first, from just after `after` (where the last
+ * page ended). `pick` returns what a record shows, or undefined for a record this caller may not see.
  */
-function listPage<R, T extends { id: string }>(
-  records: Iterable<{ value: R }>,
+async function listPage<R, T extends { id: string }>(
+  records: AsyncIterable<R>,
   limit: number,
   after: string | undefined,
   pick: (record: R) => T | undefined,
-): { object: "list"; data: T[]; first_id: string | null; last_id: string | null; has_more: boolean } {
+): Promise<{
+  object: "list";
+  data: T[];
+  first_id: string | null;
+  last_id: string | null;
+  has_more: boolean;
+}> {
   const data: T[] = [];
   let hasMore = false;
-  for (const { value } of records) {
+  for await (const value of records) {
     const item = pick(value);
     if (item === undefined || item.id === after) continue;
     if (data.length === limit) {

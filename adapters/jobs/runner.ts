@@ -3,8 +3,9 @@
 import type { HttpScheduler } from "../http/app.js";
 import { type BatchLine, parseBatchInput } from "./batch-input.js";
 import { type CallOutcome, executeCall } from "./call-executor.js";
+import type { JobStore, TakenWork, WorkItem, WorkQueue } from "./job-store.js";
 import { type JobEvents, NO_JOB_EVENTS } from "./metrics.js";
-import { type JobStore, newId } from "./store.js";
+import { newId } from "./store.js";
 import {
   type AsyncJobRecord,
   type BatchObject,
@@ -18,6 +19,8 @@ import {
 /** Options of {@link JobRunner}. */
 export interface JobRunnerOptions {
   store: JobStore;
+  /** Where batches and calls wait to be taken (the embedded queue, or JetStream's shared one). */
+  queue: WorkQueue;
   scheduler: HttpScheduler;
   /** Lines and asynchronous calls running at once, all batches together. Default 32. */
   concurrency?: number;
@@ -30,7 +33,7 @@ export interface JobRunnerOptions {
    * output and error files, ms. Default 30 days. Input files are the client's: they stay until deleted.
    */
   batchRetentionMs?: number;
-  /** Period of the expiry and retention sweep, ms. Default 1000. */
+  /** Period of the expiry sweep, of the look for cancels made elsewhere and of `working` signals, ms. Default 1000. */
   tickMs?: number;
   /** Wall clock, ms since the epoch (batch times are Unix seconds). */
   now?: () => number;
@@ -63,6 +66,17 @@ class Stopped extends Error {
 
 const seconds = (ms: number) => Math.floor(ms / 1000);
 
+/** A batch's counts from its recorded answers: completed are the 2xx ones. */
+function countsOf(results: Iterable<LineResult>): { completed: number; failed: number } {
+  let completed = 0;
+  let failed = 0;
+  for (const result of results) {
+    if (result.response && result.response.status_code < 300) completed++;
+    else failed++;
+  }
+  return { completed, failed };
+}
+
 /**
  * The one place jobs run. Every line and every asynchronous call goes through the scheduler like an
  * HTTP call (batch lines declared `bulk`, so interactive work goes first and bulk fills what it leaves).
@@ -82,13 +96,28 @@ export class JobRunner {
   private readonly log: (line: string) => void;
   private readonly tickMs: number;
   private readonly events: JobEvents;
-  /** Unfinished batches' records, the one copy every step changes (a cancel may come while a batch validates). */
+  private readonly queue: WorkQueue;
+  /**
+   * Records of the unfinished batches this runner holds, the one copy every step changes (a cancel
+   * may come while a batch validates). With a shared queue, other runners hold the others.
+   */
   private readonly live = new Map<string, BatchRecord>();
+  /** The queue's hold on each batch in `live`. */
+  private readonly held = new Map<string, TakenWork>();
+  /** Per batch, the write in progress and the one waiting behind it (see `persist`). */
+  private readonly writes = new Map<string, { tail: Promise<void>; waiting: Promise<void> | undefined }>();
   private readonly batches = new Map<string, BatchWork>();
   /** Batch ids in the order they take turns. */
   private turn: string[] = [];
   private readonly asyncQueue: string[] = [];
   private readonly asyncRunning = new Map<string, AbortController>();
+  /** The queue's hold on each call taken and not yet answered. */
+  private readonly asyncTaken = new Map<string, TakenWork>();
+  /** Pull loops waiting for room to take more work. */
+  private roomWaiters: (() => void)[] = [];
+  /** Aborted at close: ends the pull loops. */
+  private readonly stopping = new AbortController();
+  private readonly pulls: Promise<void>[] = [];
   private readonly runs = new Set<Promise<void>>();
   /** Validations, finalizations and sweeps under way, so `close` waits for them before the store closes. */
   private readonly tasks = new Set<Promise<unknown>>();
@@ -100,6 +129,7 @@ export class JobRunner {
 
   constructor(options: JobRunnerOptions) {
     this.store = options.store;
+    this.queue = options.queue;
     this.scheduler = options.scheduler;
     this.concurrency = options.concurrency ?? 32;
     if (!(Number.isInteger(this.concurrency) && this.concurrency >= 1)) {
@@ -114,20 +144,70 @@ export class JobRunner {
     this.events = options.events ?? NO_JOB_EVENTS;
   }
 
-  /** Picks up whatever the store holds unfinished (after a restart or a crash) and starts the sweep. */
+  /** Starts taking work from the queue (after a restart, what was unfinished first) and starts the sweep. */
   async start(): Promise<void> {
-    for (const { value } of this.store.batches.getRange()) {
-      if (!TERMINAL_BATCH_STATUSES.has(value.batch.status)) {
-        this.live.set(value.batch.id, value);
-        await this.resume(value);
-      }
-    }
-    for (const { value } of this.store.jobs.getRange()) {
-      if (value.status === "queued" || value.status === "in_progress") this.asyncQueue.push(value.id);
-    }
     this.tick = setInterval(() => this.sweep(), this.tickMs);
     this.tick.unref();
-    this.pump();
+    this.pulls.push(this.pull("call"), this.pull("batch"));
+  }
+
+  private hasRoom(kind: WorkItem["kind"]): boolean {
+    if (kind === "call") return this.asyncQueue.length + this.asyncRunning.size < this.concurrency;
+    return this.live.size < this.queue.batchesPerRunner;
+  }
+
+  /** Takes work of one kind while there is room for it. */
+  private async pull(kind: WorkItem["kind"]): Promise<void> {
+    while (!this.closed) {
+      if (!this.hasRoom(kind)) {
+        await new Promise<void>((resolve) => this.roomWaiters.push(resolve));
+        continue;
+      }
+      let taken: TakenWork | undefined;
+      try {
+        taken = await this.queue.take(kind, this.stopping.signal);
+      } catch (err) {
+        if (this.closed) return;
+        this.log(`sluice: jobs: could not take work: ${(err as Error).message}`);
+        await new Promise((resolve) => setTimeout(resolve, this.tickMs).unref());
+        continue;
+      }
+      if (!taken) continue;
+      if (this.closed) {
+        taken.release();
+        return;
+      }
+      if (kind === "call") {
+        this.asyncTaken.set(taken.item.id, taken);
+        this.asyncQueue.push(taken.item.id);
+        this.pump();
+      } else {
+        this.background(this.accept(taken));
+      }
+    }
+  }
+
+  /** Starts on a batch taken from the queue, unless it has ended meanwhile (then the queue forgets it). */
+  private async accept(taken: TakenWork): Promise<void> {
+    const id = taken.item.id;
+    if (this.live.has(id)) {
+      // Delivered again to the runner that holds it (its word that it works came late): only the
+      // newest delivery can be acknowledged, so it becomes the hold.
+      this.held.set(id, taken);
+      return;
+    }
+    const record = await this.store.getBatch(id);
+    if (this.closed) {
+      taken.release();
+      return;
+    }
+    if (!record || TERMINAL_BATCH_STATUSES.has(record.batch.status)) {
+      await taken.done();
+      return;
+    }
+    this.live.set(id, record);
+    this.held.set(id, taken);
+    await this.resume(record);
   }
 
   private background(task: Promise<unknown>): void {
@@ -151,18 +231,27 @@ export class JobRunner {
 
   // --- batches ------------------------------------------------------------------------------------
 
-  /** Stores a new batch (status `validating`) and starts on it. */
+  /** Stores a new batch (status `validating`) and puts it up for a runner to take. */
   async createBatch(record: BatchRecord): Promise<BatchObject> {
-    await this.store.commit(() => this.store.batches.put(record.batch.id, record));
-    this.live.set(record.batch.id, record);
-    this.background(this.resume(record));
+    await this.store.createBatch(record);
+    await this.queue.offer({ kind: "batch", id: record.batch.id });
     return record.batch;
   }
 
   /** Asks a batch to stop: `cancelling` at once, `cancelled` once its running lines have ended. */
   async cancelBatch(id: string): Promise<BatchObject | undefined> {
     const record = this.live.get(id);
-    if (!record) return this.store.batches.get(id)?.batch;
+    if (!record) {
+      // Another runner holds it (or none yet): the stored status says so, and its runner sees it.
+      const stored = await this.store.updateBatch(id, (current) => {
+        const status = current?.batch.status;
+        if (!current || (status !== "validating" && status !== "in_progress")) return undefined;
+        current.batch.status = "cancelling";
+        current.batch.cancelling_at = seconds(this.now());
+        return current;
+      });
+      return stored?.batch;
+    }
     const batch = record.batch;
     const work = this.batches.get(id);
     if (batch.status !== "validating" && batch.status !== "in_progress") return batch;
@@ -182,9 +271,45 @@ export class JobRunner {
     if (work.running.size === 0) this.background(this.finalize(work));
   }
 
-  private persist(record: BatchRecord): Promise<unknown> {
-    const snapshot = structuredClone(record);
-    return this.store.commit(() => this.store.batches.put(snapshot.batch.id, snapshot));
+  /**
+   * Writes a batch's record as it is in memory. Writes of one batch go one at a time, and a write
+   * asked for while another runs waits behind it and carries every change made meanwhile, so a
+   * burst of answered lines costs two writes, not one each.
+   */
+  private persist(record: BatchRecord): Promise<void> {
+    const id = record.batch.id;
+    const slot = this.writes.get(id) ?? { tail: Promise.resolve(), waiting: undefined };
+    this.writes.set(id, slot);
+    if (slot.waiting) return slot.waiting;
+    const write = slot.tail
+      .catch(() => {})
+      .then(() => {
+        slot.waiting = undefined;
+        return this.writeBatch(record);
+      });
+    slot.waiting = write;
+    slot.tail = write;
+    return write;
+  }
+
+  /** One write of a batch. A cancel stored meanwhile by another frontend wins over this runner's status. */
+  private async writeBatch(record: BatchRecord): Promise<void> {
+    let cancelledElsewhere = false;
+    await this.store.updateBatch(record.batch.id, (stored) => {
+      const status = record.batch.status;
+      if (
+        stored?.batch.status === "cancelling" &&
+        status !== "cancelling" &&
+        !TERMINAL_BATCH_STATUSES.has(status)
+      ) {
+        record.batch.status = "cancelling";
+        record.batch.cancelling_at = stored.batch.cancelling_at;
+        cancelledElsewhere = true;
+      }
+      return structuredClone(record);
+    });
+    const work = this.batches.get(record.batch.id);
+    if (cancelledElsewhere && work) this.stop(work, "batch_cancelled");
   }
 
   /** Validates (when not yet done), loads the lines and finds which still need an answer. */
@@ -192,7 +317,7 @@ export class JobRunner {
     const batch = record.batch;
     let text: string;
     try {
-      text = (await this.store.readFileBody(batch.input_file_id)).toString("utf8");
+      text = new TextDecoder().decode(await this.store.readFileBody(batch.input_file_id));
     } catch {
       await this.fail(record, [
         {
@@ -210,8 +335,7 @@ export class JobRunner {
       // Cancelled before its lines were read, and they could not have run anyway.
       batch.status = "cancelled";
       batch.cancelled_at = seconds(this.now());
-      await this.persist(record);
-      this.live.delete(batch.id);
+      await this.end(record);
       return;
     }
     if (batch.status === "validating") {
@@ -226,18 +350,9 @@ export class JobRunner {
       if (this.closed) return;
     }
     // Counts are rebuilt from the recorded answers, the one source of truth after a crash.
-    const done = new Set<number>();
-    let completed = 0;
-    let failed = 0;
-    for (const { key, value } of this.store.results.getRange({
-      start: [batch.id, 0],
-      end: [batch.id, Number.MAX_SAFE_INTEGER],
-    })) {
-      done.add(key[1]);
-      if (value.response && value.response.status_code < 300) completed++;
-      else failed++;
-    }
-    batch.request_counts = { total: lines.length, completed, failed };
+    const done = await this.store.lineResults(batch.id);
+    if (this.closed) return;
+    batch.request_counts = { total: lines.length, ...countsOf(done.values()) };
     const work: BatchWork = {
       record,
       lines,
@@ -265,8 +380,31 @@ export class JobRunner {
     batch.status = "failed";
     batch.failed_at = seconds(this.now());
     batch.errors = { object: "list", data: errors };
-    await this.persist(record);
-    this.live.delete(batch.id);
+    await this.end(record);
+  }
+
+  /**
+   * Ends a batch whose record holds its final status: off this runner's books first (whoever reads
+   * the final status finds it held nowhere), then the record written, then the queue told it is done.
+   * If the write fails, the batch goes back to the queue to be ended again.
+   */
+  private async end(record: BatchRecord): Promise<void> {
+    const id = record.batch.id;
+    const taken = this.held.get(id);
+    this.batches.delete(id);
+    this.live.delete(id);
+    this.held.delete(id);
+    this.turn = this.turn.filter((turnId) => turnId !== id);
+    this.pump();
+    try {
+      await this.persist(record);
+    } catch (err) {
+      taken?.release();
+      throw err;
+    } finally {
+      this.writes.delete(id);
+    }
+    await taken?.done();
   }
 
   private async runLine(work: BatchWork, index: number): Promise<void> {
@@ -285,14 +423,14 @@ export class JobRunner {
         response: { status_code: outcome.status, request_id: outcome.requestId, body: outcome.body },
         error: null,
       };
-      const counts = work.record.batch.request_counts;
-      if (outcome.status < 300) counts.completed++;
-      else counts.failed++;
-      const snapshot = structuredClone(work.record);
-      await this.store.commit(() => {
-        this.store.results.put([batchId, index], result);
-        this.store.batches.put(batchId, snapshot);
-      });
+      // Another runner may have answered it first (its batch came back to the queue): never count it twice.
+      if (await this.store.recordLine(batchId, index, result)) {
+        const counts = work.record.batch.request_counts;
+        if (outcome.status < 300) counts.completed++;
+        else counts.failed++;
+        // The answer is recorded: counts written late are rebuilt from the answers at the next start.
+        this.background(this.persist(work.record));
+      }
     } catch (err) {
       if (!(err instanceof Shutdown || err instanceof Stopped)) {
         // Unexpected (a store failure): the line goes back to wait its turn rather than be lost.
@@ -384,12 +522,15 @@ export class JobRunner {
         batch.finalizing_at = seconds(this.now());
         await this.persist(record);
       }
+      // A cancel made elsewhere may have been adopted by that write.
+      if (batch.status === "cancelling") work.stopping ??= "batch_cancelled";
+      const results = await this.store.lineResults(batch.id);
       const outputLines: string[] = [];
       const errorLines: string[] = [];
       let completed = 0;
       let failed = 0;
       for (let i = 0; i < work.lines.length; i++) {
-        const result = this.store.results.get([batch.id, i]);
+        const result = results.get(i);
         if (result) {
           if (result.response && result.response.status_code < 300) {
             completed++;
@@ -418,13 +559,11 @@ export class JobRunner {
         }
       }
       const created = seconds(this.now());
-      const files: FileRecord[] = [];
-      const writeFile = (suffix: string, rows: string[]) => {
+      const writeFile = async (suffix: string, rows: string[]) => {
         if (rows.length === 0) return null;
         const id = `file-${batch.id}-${suffix}`;
         const text = `${rows.join("\n")}\n`;
-        this.store.writeFileBody(id, text);
-        files.push({
+        const file: FileRecord = {
           tenant: record.tenant,
           file: {
             id,
@@ -437,11 +576,12 @@ export class JobRunner {
             status_details: null,
             expires_at: null,
           },
-        });
+        };
+        await this.store.putFile(file, text);
         return id;
       };
-      batch.output_file_id = writeFile("output", outputLines);
-      batch.error_file_id = writeFile("error", errorLines);
+      batch.output_file_id = await writeFile("output", outputLines);
+      batch.error_file_id = await writeFile("error", errorLines);
       batch.request_counts = { total: work.lines.length, completed, failed };
       if (work.stopping === "batch_expired") {
         batch.status = "expired";
@@ -453,14 +593,7 @@ export class JobRunner {
         batch.status = "completed";
         batch.completed_at = created;
       }
-      const snapshot = structuredClone(record);
-      await this.store.commit(() => {
-        for (const file of files) this.store.files.put(file.file.id, file);
-        this.store.batches.put(batch.id, snapshot);
-      });
-      this.batches.delete(batch.id);
-      this.live.delete(batch.id);
-      this.turn = this.turn.filter((id) => id !== batch.id);
+      await this.end(record);
     } catch (err) {
       work.finalizing = false;
       this.log(`sluice: batch ${batch.id} could not be finalized: ${(err as Error).message}`);
@@ -469,59 +602,76 @@ export class JobRunner {
 
   // --- asynchronous single calls --------------------------------------------------------------------
 
-  /** Stores a call answered `202 Accepted` and queues it. */
+  /** Stores a call answered `202 Accepted` and puts it up for a runner to take. */
   async createAsyncJob(record: AsyncJobRecord): Promise<AsyncJobRecord> {
-    await this.store.commit(() => this.store.jobs.put(record.id, record));
-    this.asyncQueue.push(record.id);
-    this.pump();
+    await this.store.createJob(record);
+    await this.queue.offer({ kind: "call", id: record.id });
     return record;
   }
 
-  /** Cancels a queued or running asynchronous call; its record stays, `cancelled`. */
+  /** Cancels a queued or running asynchronous call, whichever runner holds it; its record stays, `cancelled`. */
   async cancelAsyncJob(id: string): Promise<AsyncJobRecord | undefined> {
-    const record = this.store.jobs.get(id);
-    if (!record) return undefined;
-    if (record.status !== "queued" && record.status !== "in_progress") return record;
-    const queued = this.asyncQueue.indexOf(id);
-    if (queued >= 0) this.asyncQueue.splice(queued, 1);
+    const record = await this.store.updateJob(id, (current) => {
+      if (!current || (current.status !== "queued" && current.status !== "in_progress")) return undefined;
+      current.status = "cancelled";
+      current.completed_at = seconds(this.now());
+      return current;
+    });
     this.asyncRunning.get(id)?.abort(new Stopped("cancelled"));
-    record.status = "cancelled";
-    record.completed_at = seconds(this.now());
-    await this.store.commit(() => this.store.jobs.put(id, record));
     return record;
   }
 
   private async runAsync(id: string): Promise<void> {
-    const record = this.store.jobs.get(id);
-    if (!record || (record.status !== "queued" && record.status !== "in_progress")) return;
     const controller = new AbortController();
     this.asyncRunning.set(id, controller);
+    let finished = false;
     try {
-      record.status = "in_progress";
-      record.started_at ??= seconds(this.now());
-      await this.store.commit(() => this.store.jobs.put(id, record));
+      const record = await this.store.updateJob(id, (current) => {
+        if (!current || (current.status !== "queued" && current.status !== "in_progress")) return undefined;
+        current.status = "in_progress";
+        current.started_at ??= seconds(this.now());
+        return current;
+      });
+      if (record?.status !== "in_progress") {
+        finished = true;
+        return;
+      }
       const outcome = await this.runToAnswer("async", record.request, controller.signal, undefined, {
         tenant: record.tenant,
         priority: record.priority,
       });
-      record.status = outcome.status < 300 ? "completed" : "failed";
-      record.completed_at = seconds(this.now());
-      record.response = { status: outcome.status, headers: outcome.headers, body: outcome.body };
-      await this.store.commit(() => this.store.jobs.put(id, record));
+      // A cancel stored meanwhile (from any frontend) stands: the answer is dropped.
+      await this.store.updateJob(id, (current) => {
+        if (current?.status !== "in_progress") return undefined;
+        current.status = outcome.status < 300 ? "completed" : "failed";
+        current.completed_at = seconds(this.now());
+        current.response = { status: outcome.status, headers: outcome.headers, body: outcome.body };
+        return current;
+      });
+      finished = true;
     } catch (err) {
-      if (!(err instanceof Shutdown || err instanceof Stopped)) {
+      if (err instanceof Stopped) finished = true;
+      else if (!(err instanceof Shutdown)) {
         this.log(`sluice: job ${id}: ${(err as Error).message}`);
-        if (!this.closed) this.asyncQueue.push(id);
+        if (!this.closed) {
+          this.asyncQueue.push(id);
+          return;
+        }
       }
     } finally {
       this.asyncRunning.delete(id);
     }
+    const taken = this.asyncTaken.get(id);
+    this.asyncTaken.delete(id);
+    if (finished) await taken?.done();
+    else taken?.release();
   }
 
   // --- scheduling -----------------------------------------------------------------------------------
 
   /** Starts runs while there is room: asynchronous calls first (one caller waits on each), then batches in turn. */
   private pump(): void {
+    for (const wake of this.roomWaiters.splice(0)) wake();
     while (!this.closed && this.inflight < this.concurrency) {
       const next = this.next();
       if (!next) return;
@@ -549,9 +699,13 @@ export class JobRunner {
     return undefined;
   }
 
-  /** Expires batches past their window and forgets asynchronous responses past their retention. */
+  /**
+   * Expires batches past their window, stops work cancelled by another frontend, tells the queue this
+   * runner still works on what it holds, and forgets old jobs and batches once a minute.
+   */
   private sweep(): void {
     const now = this.now();
+    for (const taken of this.held.values()) taken.working();
     for (const work of this.batches.values()) {
       const expiresAt = work.record.batch.expires_at;
       if (
@@ -563,29 +717,44 @@ export class JobRunner {
         this.stop(work, "batch_expired");
       }
     }
-    const cutoff = seconds(now - this.jobRetentionMs);
-    const expired: string[] = [];
-    for (const { value } of this.store.jobs.getRange()) {
-      if (value.completed_at !== null && value.completed_at < cutoff) expired.push(value.id);
-    }
-    if (expired.length > 0) {
-      this.background(
-        this.store.commit(() => {
-          for (const id of expired) this.store.jobs.remove(id);
-        }),
-      );
-    }
-    // Finished batches age in days: a scan of the store once a minute is plenty.
+    for (const taken of this.asyncTaken.values()) taken.working();
+    this.background(this.adoptCancels());
+    // Finished work ages in hours and days: a scan of the store once a minute is plenty.
     if (now - this.lastPurgeAt >= 60_000) {
       this.lastPurgeAt = now;
-      this.purgeFinishedBatches(seconds(now - this.batchRetentionMs));
+      this.background(this.purgeOldJobs(seconds(now - this.jobRetentionMs)));
+      this.background(this.purgeFinishedBatches(seconds(now - this.batchRetentionMs)));
     }
   }
 
+  /** Stops batches and calls this runner holds that were cancelled through another frontend. */
+  private async adoptCancels(): Promise<void> {
+    for (const work of [...this.batches.values()]) {
+      if (work.stopping || work.record.batch.status !== "in_progress") continue;
+      const stored = await this.store.getBatch(work.record.batch.id);
+      if (stored?.batch.status === "cancelling" && !work.stopping) {
+        work.record.batch.status = "cancelling";
+        work.record.batch.cancelling_at = stored.batch.cancelling_at;
+        this.stop(work, "batch_cancelled");
+      }
+    }
+    for (const [id, controller] of [...this.asyncRunning]) {
+      if ((await this.store.getJob(id))?.status === "cancelled") controller.abort(new Stopped("cancelled"));
+    }
+  }
+
+  private async purgeOldJobs(cutoff: number): Promise<void> {
+    const expired: string[] = [];
+    for await (const job of this.store.listJobs()) {
+      if (job.completed_at !== null && job.completed_at < cutoff) expired.push(job.id);
+    }
+    if (expired.length > 0) await this.store.removeJobs(expired);
+  }
+
   /** Forgets batches that finished before `cutoff` (Unix s): the record, its line results, its output and error files. */
-  private purgeFinishedBatches(cutoff: number): void {
+  private async purgeFinishedBatches(cutoff: number): Promise<void> {
     const old: BatchRecord[] = [];
-    for (const { value } of this.store.batches.getRange()) {
+    for await (const value of this.store.listBatches()) {
       const b = value.batch;
       const endedAt = b.completed_at ?? b.failed_at ?? b.expired_at ?? b.cancelled_at;
       if (
@@ -598,34 +767,19 @@ export class JobRunner {
       }
     }
     if (old.length === 0) return;
-    const files = old.flatMap(({ batch }) =>
-      [batch.output_file_id, batch.error_file_id].filter((id): id is string => id !== null),
-    );
-    this.background(
-      this.store
-        .commit(() => {
-          for (const { batch } of old) {
-            this.store.batches.remove(batch.id);
-            for (const { key } of this.store.results.getRange({
-              start: [batch.id, 0],
-              end: [batch.id, Number.MAX_SAFE_INTEGER],
-            })) {
-              this.store.results.remove(key);
-            }
-          }
-          for (const id of files) this.store.files.remove(id);
-        })
-        // A body goes after its record: a record never points at a missing body.
-        .then(() => {
-          for (const id of files) this.store.removeFileBody(id);
-        }),
-    );
+    await this.store.removeBatches(old.map(({ batch }) => batch.id));
+    for (const { batch } of old) {
+      for (const id of [batch.output_file_id, batch.error_file_id])
+        if (id !== null) await this.store.deleteFile(id);
+    }
   }
 
   /** Stops every run without recording it (each runs again after a restart) and waits for them to end. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.stopping.abort();
+    for (const wake of this.roomWaiters.splice(0)) wake();
     if (this.tick) clearInterval(this.tick);
     for (const work of this.batches.values()) {
       for (const controller of work.running.values()) controller.abort(new Shutdown("sluice is stopping"));
@@ -634,5 +788,9 @@ export class JobRunner {
     while (this.runs.size > 0 || this.tasks.size > 0) {
       await Promise.allSettled([...this.runs, ...this.tasks]);
     }
+    await Promise.allSettled(this.pulls);
+    // What this runner held and did not finish goes back for another runner (or the next start).
+    for (const taken of this.held.values()) taken.release();
+    for (const taken of this.asyncTaken.values()) taken.release();
   }
 }

@@ -26,6 +26,20 @@ export {
   fleetSessionsFetch,
 } from "./http-sessions.js";
 export {
+  BATCHES_BUCKET,
+  FILE_OBJECTS,
+  FILES_BUCKET,
+  JetStreamJobStore,
+  type JetStreamJobsBackendOptions,
+  JetStreamWorkQueue,
+  JOB_SUBJECTS,
+  JOBS_BUCKET,
+  JOBS_STREAM,
+  LINES_BUCKET,
+  openJetStreamJobs,
+} from "./jetstream-jobs.js";
+export { IDEMPOTENCY_BUCKET, KvIdempotencyKeys, type KvIdempotencyOptions } from "./kv-idempotency.js";
+export {
   freePort,
   type NatsServerOptions,
   type NatsServerProcess,

@@ -5,73 +5,25 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
-import OpenAI, { toFile } from "openai";
-import { type SluiceChild, spawnSluice } from "../reliability/helpers.js";
+import { toFile } from "openai";
+import type { SluiceChild } from "../reliability/helpers.js";
+import { killAll, longBatchLines, MODEL, parseJsonl, pollUntil, sdk, serveChild } from "./batch-helpers.js";
 
-const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 const LINES = 48;
 const dataDir = mkdtempSync(join(tmpdir(), "sluice-crash-"));
 const children: SluiceChild[] = [];
 
 after(async () => {
-  for (const child of children) {
-    if (child.child.exitCode === null && child.child.signalCode === null) {
-      child.child.kill("SIGKILL");
-      await child.exited;
-    }
-  }
+  await killAll(children);
   rmSync(dataDir, { recursive: true, force: true });
 });
 
-async function serve(): Promise<{ child: SluiceChild; url: string }> {
-  const child = spawnSluice([
-    "serve",
-    "--port",
-    "0",
-    "--host",
-    "127.0.0.1",
-    "--sim-replicas",
-    "2",
-    "--data-dir",
-    dataDir,
-  ]);
-  children.push(child);
-  const match = await child.waitFor(/listening on (http:\/\/[0-9.]+:\d+)/, 60_000);
-  return { child, url: match[1]! };
-}
-
-function sdk(url: string): OpenAI {
-  return new OpenAI({ baseURL: `${url}/v1`, apiKey: "not-checked", maxRetries: 0, timeout: 30_000 });
-}
-
-async function pollUntil<T>(
-  read: () => Promise<T>,
-  done: (value: T) => boolean,
-  limitMs: number,
-  what: string,
-) {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(value)}`);
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-}
+const serve = () => serveChild(["--data-dir", dataDir], children);
 
 test("SIGKILL mid-batch, restart: lines running at the crash run again, none is lost or reported twice", async () => {
   const first = await serve();
   const client = sdk(first.url);
-  // Long answers (hundreds of engine steps each) and more lines than run at once: the batch is still
-  // running when its first answers are recorded, however slow the machine.
-  const lines = Array.from({ length: LINES }, (_, i) =>
-    JSON.stringify({
-      custom_id: `line-${i}`,
-      method: "POST",
-      url: "/v1/chat/completions",
-      body: { model: MODEL, messages: [{ role: "user", content: `item ${i}` }], max_tokens: 300 },
-    }),
-  );
+  const lines = longBatchLines(LINES);
   const input = await client.files.create({
     file: await toFile(Buffer.from(`${lines.join("\n")}\n`), "crash.jsonl"),
     purpose: "batch",
@@ -111,10 +63,7 @@ test("SIGKILL mid-batch, restart: lines running at the crash run again, none is 
   );
   assert.deepEqual(done.request_counts, { total: LINES, completed: LINES, failed: 0 });
   assert.equal(done.error_file_id, null);
-  const output = (await (await again.files.content(done.output_file_id!)).text())
-    .split("\n")
-    .filter((line) => line !== "")
-    .map((line) => JSON.parse(line) as { id: string; custom_id: string; response: { status_code: number } });
+  const output = parseJsonl(await (await again.files.content(done.output_file_id!)).text());
   assert.equal(output.length, LINES);
   const ids = output.map((line) => line.custom_id).sort();
   assert.deepEqual(ids, lines.map((_, i) => `line-${i}`).sort());

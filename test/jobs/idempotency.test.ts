@@ -8,7 +8,7 @@ import { after, afterEach, describe, test } from "node:test";
 import { type RunningServer, type ServeOptions, startServer } from "../../adapters/cli/serve.js";
 import { HttpTransport, SluiceClient } from "../../adapters/client/index.js";
 import { ApiKeys } from "../../adapters/http/api-keys.js";
-import { IdempotencyKeys, JobStore } from "../../adapters/jobs/index.js";
+import { IdempotencyKeys, LmdbJobStore } from "../../adapters/jobs/index.js";
 
 const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 const dirs: string[] = [];
@@ -281,11 +281,11 @@ describe("Idempotency-Key", () => {
   });
 
   test("responses kept are bounded: the oldest is forgotten first", async () => {
-    const store = await JobStore.open();
+    const store = await LmdbJobStore.open();
     try {
       const keys = new IdempotencyKeys({ store, maxRecords: 2 });
       for (const key of ["a", "b", "c"]) {
-        const state = keys.begin("t", key, `print-${key}`);
+        const state = await keys.begin("t", key, `print-${key}`);
         assert.equal(state.kind, "new");
         if (state.kind === "new") {
           await state.finish({ fingerprint: `print-${key}`, status: 200, headers: {}, body: key });
@@ -293,8 +293,8 @@ describe("Idempotency-Key", () => {
       }
       assert.equal(keys.size, 2);
       assert.equal(keys.inProgress, 0);
-      assert.equal(keys.begin("t", "c", "print-c").kind, "replay");
-      const forgotten = keys.begin("t", "a", "print-a");
+      assert.equal((await keys.begin("t", "c", "print-c")).kind, "replay");
+      const forgotten = await keys.begin("t", "a", "print-a");
       assert.equal(forgotten.kind, "new");
       if (forgotten.kind === "new") forgotten.abandon();
       assert.equal(keys.inProgress, 0);

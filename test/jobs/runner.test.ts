@@ -13,7 +13,7 @@ import {
   startServer,
 } from "../../adapters/cli/serve.js";
 import { createApp } from "../../adapters/http/app.js";
-import { DEFAULT_DATA_DIR, JobStore, Jobs, parseBatchInput } from "../../adapters/jobs/index.js";
+import { DEFAULT_DATA_DIR, Jobs, LmdbJobStore, parseBatchInput } from "../../adapters/jobs/index.js";
 
 const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 let server: RunningServer | undefined;
@@ -202,7 +202,7 @@ describe("retention", () => {
     }
     assert.equal((await call(`/v1/files/${done.output_file_id}`)).status, 404);
     assert.equal((await call(`/v1/files/${input}`)).status, 200, "the input file is the client's");
-    assert.equal([...jobs.store.results.getRange({ start: [batch.id, 0], end: [batch.id, 99] })].length, 0);
+    assert.equal((await jobs.store.lineResults(batch.id)).size, 0);
   });
 });
 
@@ -310,11 +310,14 @@ describe("data directory", () => {
   test("a directory held by another store, or one that cannot be written, falls back to a temporary one", async () => {
     const dir = mkdtempSync(join(tmpdir(), "sluice-lock-"));
     const warnings: string[] = [];
-    const first = await JobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
-    const second = await JobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
+    const first = await LmdbJobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
+    const second = await LmdbJobStore.open({ dataDir: dir, log: (line) => warnings.push(line) });
     const blocked = join(dir, "a-file");
     writeFileSync(blocked, "not a directory");
-    const third = await JobStore.open({ dataDir: join(blocked, "sub"), log: (line) => warnings.push(line) });
+    const third = await LmdbJobStore.open({
+      dataDir: join(blocked, "sub"),
+      log: (line) => warnings.push(line),
+    });
     try {
       assert.equal(first.durable, true);
       assert.equal(second.durable, false);
