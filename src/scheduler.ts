@@ -153,7 +153,10 @@ export class Scheduler {
     if (options.events) this.listeners.push(options.events);
     this.prefixIndex =
       this.features.placement === "prefix"
-        ? new FleetPrefixIndex({ capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1 })
+        ? new FleetPrefixIndex({
+            capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1,
+            hostCapacityBlocks: (id) => this.byId.get(id)?.indexHostCapacityBlocks ?? 0,
+          })
         : null;
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
@@ -439,8 +442,10 @@ export class Scheduler {
         promptTokens: call.tokens.length,
       });
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
-      holds.reservation = this.reserveBudget(replica, call, uncached);
-      this.checkFeasibility(req, replica, call.lane, uncached);
+      // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
+      const hostHit = decision.predictedHostHitTokens ?? 0;
+      holds.reservation = this.reserveBudget(replica, call, uncached + hostHit);
+      this.checkFeasibility(req, replica, call.lane, uncached, hostHit);
       holds.permit = await this.passGate(req, replica, call.lane, uncached);
       return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
     } catch (error) {
@@ -547,13 +552,18 @@ export class Scheduler {
 
   /**
    * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV — its
-   * uncached prompt tokens as the router predicts them, plus max_tokens;
+   * prompt tokens not in GPU memory as the router predicts them (computed, or
+   * loaded from host memory), plus max_tokens;
    * blocks shared with a cached prefix are counted once, by the call that
    * brought them. The whole call must still fit the ceiling less the guard band.
    */
-  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, uncached: number): Reservation | null {
+  private reserveBudget(
+    replica: ReplicaRuntime,
+    call: CallPlan,
+    promptTokensAdded: number,
+  ): Reservation | null {
     if (!replica.budget) return null;
-    const reserve = uncached + call.maxTokens;
+    const reserve = promptTokensAdded + call.maxTokens;
     return replica.budget.reserveOrRefuse(reserve, {
       queued: true,
       lane: call.lane,
@@ -563,7 +573,13 @@ export class Scheduler {
   }
 
   /** Step 6b: a call whose predicted time to first token misses its own or its lane's deadline is refused now. */
-  private checkFeasibility(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): void {
+  private checkFeasibility(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    uncached: number,
+    hostHit: number,
+  ): void {
     if (!this.features.feasibility) return;
     const refusal = checkDeadline({
       // The model placement scored this replica by, so a call is never placed by one prediction and refused by another.
@@ -573,6 +589,9 @@ export class Scheduler {
         inflightPrefillTokens: replica.inflightPrefillTokens,
         prefillTokensPerSecond: replica.prefillRate.rate(),
         kvUsage: replica.signals.kvUsage,
+        ...(hostHit > 0
+          ? { hostLoadTokens: hostHit, hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond() }
+          : {}),
       }),
       deadlineMs: req.deadlineMs,
       laneDeadlineMs: this.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
@@ -786,6 +805,7 @@ export class Scheduler {
       inflightPrefillTokens: replica.inflightPrefillTokens,
       prefillTokensPerSecond: replica.prefillRate.rate(),
       kvUsage: replica.signals.kvUsage,
+      hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond(),
       busy: replica.busy(now),
       eligible: replica.healthy(),
     });

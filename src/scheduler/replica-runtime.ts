@@ -33,6 +33,10 @@ export class ReplicaRuntime {
   readonly index: FleetPrefixIndex | null;
   /** This replica's capacity in the prefix index, blocks (its KV capacity over the block size). */
   indexCapacityBlocks: number;
+  /** Its host-memory tier's capacity in the prefix index, blocks; 0 without a tier or when the policy ignores tiers. */
+  indexHostCapacityBlocks = 0;
+  /** Whether placement and the window see this replica's host tier (the policy's `tiers` feature). */
+  private readonly seesTiers: boolean;
   readonly hitRate = new HitRateMeter();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
@@ -89,10 +93,36 @@ export class ReplicaRuntime {
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
     this.index = features.placement === "prefix" ? fleetIndex : null;
+    this.seesTiers = features.tiers;
     this.indexCapacityBlocks = Math.max(
       1,
       Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize),
     );
+    this.indexHostCapacityBlocks = this.hostBlocks(signals);
+  }
+
+  /**
+   * How fast one call loads from this replica's host tier, tokens per second, as the engine states
+   * or measures it; 0 when it has none, its rate is unknown, or the policy ignores tiers (then a
+   * block predicted in host memory only is priced as a miss).
+   */
+  hostLoadTokensPerSecond(): number {
+    if (!this.seesTiers || !(this.hostTierTokens() > 0)) return 0;
+    const rate = this.signalsSeen.hostLoadTokensPerSecond;
+    return rate !== undefined && rate > 0 && Number.isFinite(rate) ? rate : 0;
+  }
+
+  /**
+   * The host tier's capacity as placement and the window see it, tokens: what the engine states,
+   * 0 without a tier, an unstated size or a policy that ignores tiers.
+   */
+  hostTierTokens(signals: EngineSignals = this.signalsSeen): number {
+    const tokens = signals.hostKvCapacityTokens;
+    return this.seesTiers && tokens !== undefined && tokens > 0 ? tokens : 0;
+  }
+
+  private hostBlocks(signals: EngineSignals): number {
+    return Math.floor(this.hostTierTokens(signals) / this.config.blockSize);
   }
 
   /** The latest signals the engine reported. */
@@ -192,11 +222,16 @@ export class ReplicaRuntime {
         this.tokenWindow = this.newTokenWindow(signals.kvCapacityTokens);
       }
     }
-    if (this.index && signals.kvCapacityTokens > 0) {
-      const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
-      if (blocks !== this.indexCapacityBlocks) {
+    if (this.index) {
+      const blocks =
+        signals.kvCapacityTokens > 0
+          ? Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize))
+          : this.indexCapacityBlocks;
+      const hostBlocks = this.hostBlocks(signals);
+      if (blocks !== this.indexCapacityBlocks || hostBlocks !== this.indexHostCapacityBlocks) {
         this.indexCapacityBlocks = blocks;
-        this.index.resize(this.id, blocks);
+        this.indexHostCapacityBlocks = hostBlocks;
+        this.index.resize(this.id, blocks, hostBlocks);
       }
     }
     return signals;
