@@ -441,6 +441,7 @@ export class Scheduler {
         predictedHitTokens: decision.predictedHitTokens,
         promptTokens: call.tokens.length,
       });
+      if (hashes.length > 0) replica.predictedHitRate.record(decision.predictedHitTokens, call.tokens.length);
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
       // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
       const hostHit = decision.predictedHostHitTokens ?? 0;
@@ -918,17 +919,20 @@ export class Scheduler {
     const now = this.clock.now();
     for (const replica of this.replicas) {
       const signals = replica.refreshSignals();
-      const hitRate = replica.hitRate.observe({
-        hits: signals.prefixHitTokens,
-        queries: signals.prefixQueryTokens,
-      });
+      const hitRate = replica.hitRate.observe(replica.prefixCounters(signals));
+      this.admission.setHostRoom(replica.id, replica.hostTierTokens(signals));
       const stale = replica.stale(now);
       const healthy = replica.healthy();
       const accepting = healthy && (!stale || this.config.sessions.staleSignals === "open");
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
       // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
       const fresh = !stale && healthy && !signals.unknown?.includes("kvUsage");
-      const law = controlWindow(replica, { kvUsage: signals.kvUsage, hitRate, fresh }, this.windowContext);
+      const predictedHitRate = replica.predictedHitRate.close();
+      const law = controlWindow(
+        replica,
+        { kvUsage: signals.kvUsage, hitRate, predictedHitRate, fresh },
+        this.windowContext,
+      );
       if (!law) {
         this.admission.setWindow(replica.id, null, healthy);
       } else if (this.windowAuthority) {

@@ -12,7 +12,7 @@ import { DrainEstimator } from "../gate/drain-estimator.js";
 import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
-import { HitRateMeter } from "../signals/hit-rate.js";
+import { HitRateMeter, PredictedHitRate } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
 
@@ -38,6 +38,8 @@ export class ReplicaRuntime {
   /** Whether placement and the window see this replica's host tier (the policy's `tiers` feature). */
   private readonly seesTiers: boolean;
   readonly hitRate = new HitRateMeter();
+  /** The hit rate placement predicted for the calls it sent here, per control interval (the token window's H is read against it). */
+  readonly predictedHitRate = new PredictedHitRate();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
   private busyUntil = Number.NEGATIVE_INFINITY;
@@ -119,6 +121,22 @@ export class ReplicaRuntime {
   hostTierTokens(signals: EngineSignals = this.signalsSeen): number {
     const tokens = signals.hostKvCapacityTokens;
     return this.seesTiers && tokens !== undefined && tokens > 0 ? tokens : 0;
+  }
+
+  /**
+   * Cumulative prefix-cache counters for the window law's hit rate: GPU memory alone, or — where
+   * the policy sees a host tier — hits in either tier, since a prefix loaded from host memory was
+   * not lost. Counted as lookups less the tokens neither tier had (the host tier's lookups less its
+   * hits), which holds whether the engine's GPU counters include host hits (SGLang) or not (vLLM).
+   */
+  prefixCounters(signals: EngineSignals = this.signalsSeen): { hits: number; queries: number } {
+    const queries = signals.prefixQueryTokens;
+    const hostQueries = signals.hostPrefixQueryTokens;
+    const hostHits = signals.hostPrefixHitTokens;
+    if (!(this.hostTierTokens(signals) > 0) || hostQueries === undefined || hostHits === undefined) {
+      return { hits: signals.prefixHitTokens, queries };
+    }
+    return { hits: Math.max(0, queries - Math.max(0, hostQueries - hostHits)), queries };
   }
 
   private hostBlocks(signals: EngineSignals): number {

@@ -70,6 +70,14 @@ export class SessionRecord {
   heldOn: ReplicaSlots | null = null;
   /** The window whose `pauseRequests` counts this session's pending pause. */
   requestOn: ReplicaSlots | null = null;
+  /**
+   * Out of the window (paused or dormant) with its context counted as retained in its replica's
+   * host-memory tier: decided when it left, by the room there then.
+   */
+  retainedInHost = false;
+  /** Context tokens it counts for in `hostOn`'s host tier now (0 when not counted). */
+  hostHeld = 0;
+  hostOn: ReplicaSlots | null = null;
 
   constructor(
     readonly id: string,
@@ -148,6 +156,10 @@ interface ReplicaSlots {
   holders: number;
   /** Active sessions asked to pause at their next boundary. */
   pauseRequests: number;
+  /** Its host-memory KV tier's capacity, tokens; 0 without one (docs/tiers.md). */
+  hostRoom: number;
+  /** Context tokens of its paused and dormant sessions counted as retained in host memory (≤ `hostRoom`). */
+  hostHeld: number;
 }
 
 export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
@@ -182,6 +194,8 @@ export interface ReplicaWindowCounts {
   size: number | null;
   sizeTokens: number | null;
   footprintTokens: number | null;
+  /** Context tokens of paused and dormant sessions counted as retained in the replica's host-memory tier. */
+  hostRetainedTokens: number;
   active: number;
   idle: number;
   dormant: number;
@@ -257,7 +271,23 @@ export class SessionAdmission {
       held: 0,
       holders: 0,
       pauseRequests: 0,
+      hostRoom: 0,
+      hostHeld: 0,
     });
+  }
+
+  /**
+   * Sets the capacity of a replica's host-memory KV tier, tokens (0: none). A session leaving the
+   * token window there is counted as retained in host memory while its context fits what is left
+   * of it; sessions already counted stay counted (a smaller tier forgets its oldest blocks first,
+   * which the router's index sees, not this count).
+   */
+  setHostRoom(id: string, tokens: number): void {
+    if (!(Number.isFinite(tokens) && tokens >= 0)) {
+      throw new RangeError(`host room should be a number of tokens ≥ 0, got ${tokens}`);
+    }
+    const slots = this.replicas.get(id);
+    if (slots) slots.hostRoom = tokens;
   }
 
   /** Applies a new window size (and whether the replica takes new sessions), pausing or admitting as needed. */
@@ -537,6 +567,7 @@ export class SessionAdmission {
         size: null,
         sizeTokens: null,
         footprintTokens: null,
+        hostRetainedTokens: 0,
         active: 0,
         idle: 0,
         dormant: 0,
@@ -554,6 +585,7 @@ export class SessionAdmission {
       size: tokens ? (slots.size === null ? null : slots.holders) : slots.size,
       sizeTokens: tokens ? slots.size : null,
       footprintTokens: tokens ? slots.held : null,
+      hostRetainedTokens: slots.hostHeld,
       active: slots.active.length,
       idle,
       dormant: slots.dormant.length,
@@ -765,6 +797,19 @@ export class SessionAdmission {
     if (session.requestOn) session.requestOn.pauseRequests--;
     session.requestOn = requested;
     if (requested) requested.pauseRequests++;
+    const state = session.state;
+    if (!(state === "paused" || state === "dormant")) session.retainedInHost = false;
+    const hostSlots =
+      session.retainedInHost && session.replica !== null ? this.replicas.get(session.replica) : undefined;
+    if (session.hostOn) session.hostOn.hostHeld -= session.hostHeld;
+    session.hostHeld = hostSlots ? session.tokens : 0;
+    session.hostOn = hostSlots ?? null;
+    if (hostSlots) hostSlots.hostHeld += session.hostHeld;
+  }
+
+  /** Whether the context of `session`, leaving the token window, fits what is left of the replica's host tier. */
+  private hostHasRoom(slots: ReplicaSlots, session: SessionRecord): boolean {
+    return this.unit === "tokens" && session.tokens > 0 && slots.hostHeld + session.tokens <= slots.hostRoom;
   }
 
   private activate(session: SessionRecord, replica: string, event: "admitted" | "resumed"): void {
@@ -788,6 +833,7 @@ export class SessionAdmission {
     removeFrom(slots.active, session);
     session.place = { state: to, replica: slots.id, since: this.clock.now() };
     (to === "paused" ? slots.paused : slots.dormant).push(session);
+    session.retainedInHost = this.hostHasRoom(slots, session);
     this.account(session);
     this.options.onEvent?.(session.id, to, session.replica);
   }
@@ -848,6 +894,11 @@ export class SessionAdmission {
   /**
    * While others wait for room, idle sessions past their retention go dormant:
    * they leave the window (their footprint stops counting) and keep their pin.
+   * So does an idle session within its retention whose context the replica's
+   * host-memory tier has room for: retention keeps a cache from being lost,
+   * and a cache retained in host memory is not lost — its session comes back
+   * to a load instead of a recompute, while its GPU room serves a session
+   * that waits now.
    */
   private reclaimIdle(): void {
     if (this.unit !== "tokens") return;
@@ -857,7 +908,7 @@ export class SessionAdmission {
       if (!this.waitingFor(slots.id)) continue;
       for (const session of [...slots.active]) {
         if (session.running > 0 || session.waiters.length > 0) continue;
-        if (now - session.idleSince < session.retentionMs) continue;
+        if (now - session.idleSince < session.retentionMs && !this.hostHasRoom(slots, session)) continue;
         this.leave(session, slots, "dormant");
         freed = true;
       }

@@ -128,6 +128,74 @@ describe("token window admission", () => {
     assert.deepEqual(order, ["a", "c"]);
   });
 
+  it("counts an idle session's cache as retained in host memory where the replica has room there, so it leaves the window before its retention", async () => {
+    const { clock, admission, events, first } = setup({}, { r1: 10_000 });
+    admission.setHostRoom("r1", 5_000);
+    const a = admission.open("a");
+    const b = admission.open("b");
+    await admission.acquireStep(a, first, undefined, demand(3_000, 0, 60_000));
+    admission.endStep(a, { completed: true, contextTokens: 3_000 });
+    await admission.acquireStep(b, first, undefined, demand(2_000, 0, 60_000));
+    admission.endStep(b, { completed: true, contextTokens: 2_500 });
+    clock.advance(1_000);
+    admission.sweep();
+    assert.equal(a.state, "active", "nobody waits: both keep their places");
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    // c does not fit beside a and b (6,000 + 4,500 + 4,000 > 10,000): the idle sessions whose
+    // contexts the host tier has room for go dormant at once, their retention (60 s) not yet over.
+    const c = admission.open("c");
+    assert.equal(await admission.acquireStep(c, first, undefined, demand(4_000, 0)), "r1");
+    assert.equal(a.state, "dormant");
+    assert.equal(a.retainedInHost, true);
+    assert.equal(
+      b.state,
+      "active",
+      "2,500 more would overflow the 5,000 of host room: b keeps its GPU place",
+    );
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 3_000);
+    assert.ok(events.includes("a:dormant"));
+    // Back, it holds GPU room again and no longer counts in host memory.
+    admission.endStep(c, { completed: true, contextTokens: 4_100 });
+    admission.close("c");
+    await admission.acquireStep(a, first, undefined, demand(3_200, 0));
+    assert.equal(a.state, "active");
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    // Closed while dormant and retained, it leaves nothing counted.
+    admission.endStep(a, { completed: true, contextTokens: 3_300 });
+    const d = admission.open("d");
+    await admission.acquireStep(d, first, undefined, demand(5_000, 0));
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 3_300);
+    for (const id of ["a", "b", "d"]) admission.close(id);
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 0);
+    assert.throws(
+      () => admission.setHostRoom("r1", -1),
+      /host room should be a number of tokens ≥ 0, got -1/,
+    );
+  });
+
+  it("keeps retention as it was where the replica has no host tier", async () => {
+    const { clock, admission, first } = setup({}, { r1: 10_000 });
+    const a = admission.open("a");
+    await admission.acquireStep(a, first, undefined, demand(6_000, 0, 60_000));
+    admission.endStep(a, { completed: true, contextTokens: 6_000 });
+    clock.advance(1_000);
+    const b = admission.open("b");
+    let admitted = false;
+    const stepB = admission.acquireStep(b, first, undefined, demand(5_000, 0)).then(() => {
+      admitted = true;
+    });
+    await settle();
+    assert.equal(admitted, false, "within its retention, a keeps its place");
+    assert.equal(a.state, "active");
+    clock.advance(59_000);
+    admission.sweep();
+    await stepB;
+    assert.equal(a.state, "dormant");
+    assert.equal(a.retainedInHost, false);
+    for (const id of ["a", "b"]) admission.close(id);
+  });
+
   it("pauses idle sessions past their retention first when W shrinks, never a running step", async () => {
     const { clock, admission, first } = setup({}, { r1: 100_000 });
     const sessions: SessionRecord[] = [];
