@@ -4,7 +4,8 @@
  * own speed with both tiers and, with `--capacity`, each policy's SLO capacity on the trace.
  *
  * Run: `npx tsx bench/tiers.ts [--only speed,agents-256,mooncake,capacity,pooled] [--host-kv-tokens N]
- * [--mooncake-load X] [--policies rr,sluice] [--capacity-grid 0.75,1,1.5,2,3] [--bisections N] [--out FILE]`;
+ * [--mooncake-load X] [--policies rr,sluice] [--tiers 1,2] [--capacity-grid 0.75,1,1.5,2,3] [--bisections N]
+ * [--out FILE]`;
  * writes `bench/results/tiers.json`. Numbers are measured, never tuned:
  * every target is reported as met or missed. See docs/tiers.md.
  */
@@ -264,10 +265,13 @@ export async function runTiersBench(
     policies?: readonly BenchPolicy[];
     capacityGrid?: readonly number[];
     bisections?: number;
+    /** Which fleets the replays and the capacity search run on: one tier, two, or both (default). */
+    tiers?: readonly (1 | 2)[];
     onProgress?: (line: string) => void;
   } = {},
 ): Promise<Record<string, unknown>> {
   const policies = options.policies ?? TIER_POLICIES;
+  const tierChoices = options.tiers ?? ([1, 2] as const);
   const only = new Set(options.only ?? ["speed", "agents-256", "mooncake"]);
   const hostKvTokens = options.hostKvTokens ?? DEFAULT_HOST_KV_TOKENS;
   const log = options.onProgress ?? (() => {});
@@ -294,7 +298,7 @@ export async function runTiersBench(
     });
   }
   const replay = async (workload: "agents-256" | "mooncake", load: number) => {
-    for (const tiers of [1, 2] as const) {
+    for (const tiers of tierChoices) {
       for (const policy of policies) {
         const { row } = await runTier({
           workload,
@@ -342,7 +346,7 @@ export async function runTiersBench(
   if (only.has("capacity")) {
     const capacity: Record<string, unknown>[] = [];
     for (const policy of policies) {
-      for (const tiers of [1, 2] as const) {
+      for (const tiers of tierChoices) {
         const found = await sloCapacity(
           policy,
           tiers === 2 ? hostKvTokens : 0,
@@ -410,6 +414,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
       policies: { type: "string" },
       "capacity-grid": { type: "string" },
       bisections: { type: "string" },
+      tiers: { type: "string" },
       out: { type: "string" },
     },
   });
@@ -421,6 +426,9 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
     ...(values.policies ? { policies: values.policies.split(",").map((s) => s.trim() as BenchPolicy) } : {}),
     ...(values["capacity-grid"] ? { capacityGrid: values["capacity-grid"].split(",").map(Number) } : {}),
     ...(values.bisections ? { bisections: Number(values.bisections) } : {}),
+    ...(values.tiers
+      ? { tiers: values.tiers.split(",").map((s) => (s.trim() === "1" ? 1 : 2) as 1 | 2) }
+      : {}),
     onProgress: log,
   });
   const path = values.out ?? join(HERE, "results", "tiers.json");

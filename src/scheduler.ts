@@ -920,7 +920,14 @@ export class Scheduler {
     for (const replica of this.replicas) {
       const signals = replica.refreshSignals();
       const hitRate = replica.hitRate.observe(replica.prefixCounters(signals));
-      this.admission.setHostRoom(replica.id, replica.hostTierTokens(signals));
+      replica.cacheTurnover.observe(
+        { hits: signals.prefixHitTokens, queries: signals.prefixQueryTokens },
+        now,
+      );
+      this.admission.setCacheRetention(replica.id, {
+        hostRoomTokens: replica.hostTierTokens(signals),
+        turnoverMs: replica.cacheTurnover.turnoverMs(signals.kvCapacityTokens),
+      });
       const stale = replica.stale(now);
       const healthy = replica.healthy();
       const accepting = healthy && (!stale || this.config.sessions.staleSignals === "open");

@@ -12,6 +12,7 @@ import { DrainEstimator } from "../gate/drain-estimator.js";
 import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
+import { CacheTurnover } from "../signals/cache-turnover.js";
 import { HitRateMeter, PredictedHitRate } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
@@ -40,6 +41,8 @@ export class ReplicaRuntime {
   readonly hitRate = new HitRateMeter();
   /** The hit rate placement predicted for the calls it sent here, per control interval (the token window's H is read against it). */
   readonly predictedHitRate = new PredictedHitRate();
+  /** How fast its GPU prefix cache turns over (how long a block outlives its last use). */
+  readonly cacheTurnover = new CacheTurnover();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
   private busyUntil = Number.NEGATIVE_INFINITY;
