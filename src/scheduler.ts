@@ -1050,6 +1050,7 @@ export class Scheduler {
               ...(signals.hostKvUsage === undefined ? {} : { usage: signals.hostKvUsage }),
               hitTokens: signals.hostPrefixHitTokens ?? 0,
               queryTokens: signals.hostPrefixQueryTokens ?? 0,
+              retainedTokens: counts.hostRetainedTokens,
             },
           }),
       ...(signals.profile === undefined
