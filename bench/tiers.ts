@@ -3,8 +3,10 @@
  * the benchmark's policies, on `agents-256` and the Mooncake conversation trace; plus the simulator's
  * own speed with both tiers and, with `--capacity`, each policy's SLO capacity on the trace.
  *
- * Run: `npx tsx bench/tiers.ts [--only speed,agents-256,mooncake,capacity] [--host-kv-tokens N]
- * [--mooncake-load X] [--out FILE]`; writes `bench/results/tiers.json`. Numbers are measured, never tuned:
+ * Run: `npx tsx bench/tiers.ts [--only speed,agents-256,mooncake,capacity,pooled] [--host-kv-tokens N]
+ * [--mooncake-load X] [--policies rr,sluice] [--tiers 1,2] [--capacity-grid 0.75,1,1.5,2,3] [--bisections N]
+ * [--out FILE]`;
+ * writes `bench/results/tiers.json`. Numbers are measured, never tuned:
  * every target is reported as met or missed. See docs/tiers.md.
  */
 
@@ -21,6 +23,7 @@ import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
 import { runPolicy } from "./run.js";
 import { mooncakeOnSim } from "./sim.js";
 import { compileWorkload, NAMED_WORKLOADS } from "./workloads/index.js";
+import { loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PRESET = "h100-llama3-8b" as const;
@@ -208,6 +211,39 @@ export async function sloCapacity(
   return { capacity: good, tried };
 }
 
+/** Tokens per block of the Mooncake trace's hash ids. */
+const TRACE_BLOCK_TOKENS = 512;
+
+/**
+ * The hit rate of a perfect pooled LRU on the conversation trace: one LRU of `capacityTokens` over
+ * the trace's 512-token blocks, as if the whole fleet's memory were one cache and every request
+ * went where its prefix is. A request hits its longest run of leading blocks held (never its last
+ * token), then all its blocks become the most recent. Token-weighted over prompt tokens. The
+ * simulated replicas cache 16-token blocks, so they can also reuse part of a partial 512-token
+ * block; this bound does not count that.
+ */
+export function pooledLruHitRate(capacityTokens: number): number {
+  const capacity = Math.floor(capacityTokens / TRACE_BLOCK_TOKENS);
+  const lru = new Map<number, true>();
+  let hits = 0;
+  let prompts = 0;
+  for (const request of loadMooncakeTrace(mooncakeTracePath("conversation"))) {
+    let held = 0;
+    while (held < request.hashIds.length && lru.has(request.hashIds[held]!)) held++;
+    hits += Math.min(held * TRACE_BLOCK_TOKENS, Math.max(0, request.inputLength - 1));
+    prompts += request.inputLength;
+    for (const id of request.hashIds) {
+      lru.delete(id);
+      lru.set(id, true);
+    }
+    for (const id of lru.keys()) {
+      if (lru.size <= capacity) break;
+      lru.delete(id);
+    }
+  }
+  return prompts > 0 ? hits / prompts : 0;
+}
+
 /** One target of the issue, as measured. */
 interface Target {
   target: string;
@@ -226,9 +262,16 @@ export async function runTiersBench(
     only?: readonly string[];
     hostKvTokens?: number;
     mooncakeLoad?: number;
+    policies?: readonly BenchPolicy[];
+    capacityGrid?: readonly number[];
+    bisections?: number;
+    /** Which fleets the replays and the capacity search run on: one tier, two, or both (default). */
+    tiers?: readonly (1 | 2)[];
     onProgress?: (line: string) => void;
   } = {},
 ): Promise<Record<string, unknown>> {
+  const policies = options.policies ?? TIER_POLICIES;
+  const tierChoices = options.tiers ?? ([1, 2] as const);
   const only = new Set(options.only ?? ["speed", "agents-256", "mooncake"]);
   const hostKvTokens = options.hostKvTokens ?? DEFAULT_HOST_KV_TOKENS;
   const log = options.onProgress ?? (() => {});
@@ -255,8 +298,8 @@ export async function runTiersBench(
     });
   }
   const replay = async (workload: "agents-256" | "mooncake", load: number) => {
-    for (const tiers of [1, 2] as const) {
-      for (const policy of TIER_POLICIES) {
+    for (const tiers of tierChoices) {
+      for (const policy of policies) {
         const { row } = await runTier({
           workload,
           policy,
@@ -269,6 +312,15 @@ export async function runTiersBench(
       }
     }
   };
+  if (only.has("pooled")) {
+    const gpuTokens = REPLICAS * resolveSimParams(PRESET).kvCapacityTokens;
+    const pooled = {
+      gpu_only: round(pooledLruHitRate(gpuTokens)),
+      both_tiers: round(pooledLruHitRate(gpuTokens + REPLICAS * hostKvTokens)),
+    };
+    log(`[pooled] perfect pooled LRU hit rate ${JSON.stringify(pooled)}`);
+    out.pooled_lru_hit_rate = pooled;
+  }
   if (only.has("agents-256")) {
     await replay("agents-256", 1);
     const sluice2 = find(rows, "agents-256", 2, "sluice")!;
@@ -293,9 +345,15 @@ export async function runTiersBench(
   if (only.has("mooncake")) await replay("mooncake", options.mooncakeLoad ?? 1);
   if (only.has("capacity")) {
     const capacity: Record<string, unknown>[] = [];
-    for (const policy of TIER_POLICIES) {
-      for (const tiers of [1, 2] as const) {
-        const found = await sloCapacity(policy, tiers === 2 ? hostKvTokens : 0, log);
+    for (const policy of policies) {
+      for (const tiers of tierChoices) {
+        const found = await sloCapacity(
+          policy,
+          tiers === 2 ? hostKvTokens : 0,
+          log,
+          options.capacityGrid,
+          options.bisections,
+        );
         capacity.push({ policy, tiers, capacity: found.capacity, tried: found.tried });
       }
     }
@@ -305,6 +363,42 @@ export async function runTiersBench(
       entry.ratio_to_rr = rr > 0 ? round((entry.capacity as number) / rr, 3) : null;
     }
     out.slo_capacity = capacity;
+    const of = (policy: string, tiers: 1 | 2) =>
+      capacity.find((c) => c.policy === policy && c.tiers === tiers)?.capacity as number | undefined;
+    for (const [tiers, overRr, overPrefix] of [
+      [2, 1.5, 1.1],
+      [1, 1.2, 1],
+    ] as const) {
+      const sluice = of("sluice", tiers);
+      const rr = of("rr", tiers);
+      const prefix = of("gate-prefix", tiers);
+      if (sluice === undefined) continue;
+      const label = tiers === 2 ? "with the host tier" : "one tier";
+      if (rr)
+        targets.push({
+          target: `SLO capacity, Mooncake conversation, ${label}: sluice ÷ rr`,
+          measured: round(sluice / rr, 3),
+          goal: `≥ ${overRr}`,
+          met: sluice >= overRr * rr,
+        });
+      if (prefix)
+        targets.push({
+          target: `SLO capacity, Mooncake conversation, ${label}: sluice ÷ gate-prefix`,
+          measured: round(sluice / prefix, 3),
+          goal: `≥ ${overPrefix}`,
+          met: sluice >= overPrefix * prefix,
+        });
+    }
+  }
+  const pooled = out.pooled_lru_hit_rate as { both_tiers: number } | undefined;
+  const sluiceMooncake = find(rows, "mooncake", 2, "sluice");
+  if (pooled && sluiceMooncake) {
+    targets.push({
+      target: "Mooncake conversation with the host tier: perfect pooled LRU hit rate − sluice's (both tiers)",
+      measured: round(pooled.both_tiers - sluiceMooncake.hit_rate),
+      goal: "≤ 0.05",
+      met: pooled.both_tiers - sluiceMooncake.hit_rate <= 0.05,
+    });
   }
   out.results = rows;
   out.targets = targets;
@@ -317,6 +411,10 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
       only: { type: "string" },
       "host-kv-tokens": { type: "string" },
       "mooncake-load": { type: "string" },
+      policies: { type: "string" },
+      "capacity-grid": { type: "string" },
+      bisections: { type: "string" },
+      tiers: { type: "string" },
       out: { type: "string" },
     },
   });
@@ -325,6 +423,12 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
     ...(values.only ? { only: values.only.split(",").map((s) => s.trim()) } : {}),
     ...(values["host-kv-tokens"] ? { hostKvTokens: Number(values["host-kv-tokens"]) } : {}),
     ...(values["mooncake-load"] ? { mooncakeLoad: Number(values["mooncake-load"]) } : {}),
+    ...(values.policies ? { policies: values.policies.split(",").map((s) => s.trim() as BenchPolicy) } : {}),
+    ...(values["capacity-grid"] ? { capacityGrid: values["capacity-grid"].split(",").map(Number) } : {}),
+    ...(values.bisections ? { bisections: Number(values.bisections) } : {}),
+    ...(values.tiers
+      ? { tiers: values.tiers.split(",").map((s) => (s.trim() === "1" ? 1 : 2) as 1 | 2) }
+      : {}),
     onProgress: log,
   });
   const path = values.out ?? join(HERE, "results", "tiers.json");

@@ -153,7 +153,10 @@ export class Scheduler {
     if (options.events) this.listeners.push(options.events);
     this.prefixIndex =
       this.features.placement === "prefix"
-        ? new FleetPrefixIndex({ capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1 })
+        ? new FleetPrefixIndex({
+            capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1,
+            hostCapacityBlocks: (id) => this.byId.get(id)?.indexHostCapacityBlocks ?? 0,
+          })
         : null;
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
@@ -442,9 +445,12 @@ export class Scheduler {
         predictedHitTokens: decision.predictedHitTokens,
         promptTokens: call.tokens.length,
       });
+      if (hashes.length > 0) replica.predictedHitRate.record(decision.predictedHitTokens, call.tokens.length);
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
-      holds.reservation = this.reserveBudget(replica, call, uncached);
-      this.checkFeasibility(req, replica, call.lane, uncached);
+      // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
+      const hostHit = decision.predictedHostHitTokens ?? 0;
+      holds.reservation = this.reserveBudget(replica, call, uncached + hostHit);
+      this.checkFeasibility(req, replica, call.lane, uncached, hostHit);
       holds.permit = await this.passGate(req, replica, call.lane, uncached);
       return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
     } catch (error) {
@@ -551,13 +557,18 @@ export class Scheduler {
 
   /**
    * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV — its
-   * uncached prompt tokens as the router predicts them, plus max_tokens;
+   * prompt tokens not in GPU memory as the router predicts them (computed, or
+   * loaded from host memory), plus max_tokens;
    * blocks shared with a cached prefix are counted once, by the call that
    * brought them. The whole call must still fit the ceiling less the guard band.
    */
-  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, uncached: number): Reservation | null {
+  private reserveBudget(
+    replica: ReplicaRuntime,
+    call: CallPlan,
+    promptTokensAdded: number,
+  ): Reservation | null {
     if (!replica.budget) return null;
-    const reserve = uncached + call.maxTokens;
+    const reserve = promptTokensAdded + call.maxTokens;
     return replica.budget.reserveOrRefuse(reserve, {
       queued: true,
       lane: call.lane,
@@ -567,7 +578,13 @@ export class Scheduler {
   }
 
   /** Step 6b: a call whose predicted time to first token misses its own or its lane's deadline is refused now. */
-  private checkFeasibility(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): void {
+  private checkFeasibility(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    uncached: number,
+    hostHit: number,
+  ): void {
     if (!this.features.feasibility) return;
     const refusal = checkDeadline({
       // The model placement scored this replica by, so a call is never placed by one prediction and refused by another.
@@ -577,6 +594,9 @@ export class Scheduler {
         inflightPrefillTokens: replica.inflightPrefillTokens,
         prefillTokensPerSecond: replica.prefillRate.rate(),
         kvUsage: replica.signals.kvUsage,
+        ...(hostHit > 0
+          ? { hostLoadTokens: hostHit, hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond() }
+          : {}),
       }),
       deadlineMs: req.deadlineMs,
       laneDeadlineMs: this.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
@@ -790,6 +810,7 @@ export class Scheduler {
       inflightPrefillTokens: replica.inflightPrefillTokens,
       prefillTokensPerSecond: replica.prefillRate.rate(),
       kvUsage: replica.signals.kvUsage,
+      hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond(),
       busy: replica.busy(now),
       eligible: replica.healthy(),
     });
@@ -902,9 +923,14 @@ export class Scheduler {
     const now = this.clock.now();
     for (const replica of this.replicas) {
       const signals = replica.refreshSignals();
-      const hitRate = replica.hitRate.observe({
-        hits: signals.prefixHitTokens,
-        queries: signals.prefixQueryTokens,
+      const hitRate = replica.hitRate.observe(replica.prefixCounters(signals));
+      replica.cacheTurnover.observe(
+        { hits: signals.prefixHitTokens, queries: signals.prefixQueryTokens },
+        now,
+      );
+      this.admission.setCacheRetention(replica.id, {
+        hostRoomTokens: replica.hostTierTokens(signals),
+        turnoverMs: replica.cacheTurnover.turnoverMs(signals.kvCapacityTokens),
       });
       const stale = replica.stale(now);
       const healthy = replica.healthy();
@@ -912,7 +938,12 @@ export class Scheduler {
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
       // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
       const fresh = !stale && healthy && !signals.unknown?.includes("kvUsage");
-      const law = controlWindow(replica, { kvUsage: signals.kvUsage, hitRate, fresh }, this.windowContext);
+      const predictedHitRate = replica.predictedHitRate.close();
+      const law = controlWindow(
+        replica,
+        { kvUsage: signals.kvUsage, hitRate, predictedHitRate, fresh },
+        this.windowContext,
+      );
       if (!law) {
         this.admission.setWindow(replica.id, null, healthy);
       } else if (this.windowAuthority) {
@@ -1023,6 +1054,7 @@ export class Scheduler {
               ...(signals.hostKvUsage === undefined ? {} : { usage: signals.hostKvUsage }),
               hitTokens: signals.hostPrefixHitTokens ?? 0,
               queryTokens: signals.hostPrefixQueryTokens ?? 0,
+              retainedTokens: counts.hostRetainedTokens,
             },
           }),
       ...(signals.profile === undefined

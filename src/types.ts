@@ -174,6 +174,8 @@ export interface ReplicaState {
     /** Prompt tokens loaded from the host tier instead of recomputed, and looked up there (cumulative). */
     hitTokens: number;
     queryTokens: number;
+    /** Context tokens of sessions out of the window counted as retained there (policies that see tiers; else 0). */
+    retainedTokens: number;
   };
   engine?: {
     /** Recognised engine profile (`vllm-v1`, `sglang`, …). */

@@ -22,9 +22,23 @@ export interface PolicyFeatures {
   readonly overload: boolean;
   /** Session admission through a per-replica window, counted in this unit; null: none (SPEC 6). */
   readonly window: WindowUnit | null;
+  /**
+   * Host-memory KV tiers seen by placement and the window (docs/tiers.md): the prefix index
+   * predicts which blocks a replica holds only in host memory, placement prices them at their load
+   * time, and the window counts a dormant session's cache retained there. Off for the baselines,
+   * which stand for prefix routing that knows GPU memory alone.
+   */
+  readonly tiers: boolean;
 }
 
-const BASELINE = { lanes: false, budget: false, feasibility: false, overload: false, window: null } as const;
+const BASELINE = {
+  lanes: false,
+  budget: false,
+  feasibility: false,
+  overload: false,
+  window: null,
+  tiers: false,
+} as const;
 
 /**
  * The features of `policy`. `windowUnit` is the configured unit of sluice's
@@ -48,6 +62,7 @@ export function policyFeatures(policy: Policy, windowUnit: WindowUnit): PolicyFe
         feasibility: true,
         overload: true,
         window: policy === "concur" ? "sessions" : windowUnit,
+        tiers: true,
       };
   }
 }

@@ -4,14 +4,21 @@
  * replica's longest unbroken prefix, whatever the fleet size. Each replica keeps its own LRU of
  * (block, replica) entries, sized to its KV capacity in blocks, threaded through the same entries.
  *
+ * A replica with a host-memory KV tier (docs/tiers.md) keeps a longer LRU: its most recent
+ * `capacityBlocks` entries are taken to be in GPU memory and the next `hostCapacityBlocks` in host
+ * memory only. That is what a write-back host tier does — a block GPU memory evicts (its least
+ * recently used) moves to the head of the host LRU, and one used again moves back — so one LRU cut
+ * in two predicts both tiers from what was routed, without KV events.
+ *
  * Storage is struct-of-arrays in typed arrays with two open-addressing hash tables (node by
  * (parent, hash), entry by (node, replica)), so an entry costs a few dozen bytes and no JS object.
  */
 
-/** Where a replica holds a block; recorded, not yet used by matching (every tier counts). */
+/** Where a replica is predicted to hold a block: GPU memory, or only host memory (loaded back before use). */
 export type BlockTier = "gpu" | "host";
 
-const TIER_CODE: Record<BlockTier, number> = { gpu: 0, host: 1 };
+const GPU = 0;
+const HOST = 1;
 const TIER_NAME: readonly BlockTier[] = ["gpu", "host"];
 
 export interface FleetPrefixIndexOptions {
@@ -20,6 +27,11 @@ export interface FleetPrefixIndexOptions {
    * record of that replica.
    */
   capacityBlocks: (replica: string) => number;
+  /**
+   * Host-memory KV capacity of a replica in blocks (an integer ≥ 0, or Infinity); asked on each
+   * record of that replica. Default: none (0), one tier.
+   */
+  hostCapacityBlocks?: (replica: string) => number;
 }
 
 /** Sizes of the index, for memory accounting. */
@@ -70,6 +82,18 @@ function entryHash(node: number, replica: number): number {
   return mix(Math.imul(node, 0x9e3779b1) ^ Math.imul(replica + 1, 0x85ebca6b));
 }
 
+function checkHostCapacity(replica: string, hostCapacityBlocks: number): number {
+  if (
+    !(Number.isInteger(hostCapacityBlocks) || hostCapacityBlocks === Number.POSITIVE_INFINITY) ||
+    hostCapacityBlocks < 0
+  ) {
+    throw new RangeError(
+      `hostCapacityBlocks of replica "${replica}" should be an integer ≥ 0, got ${hostCapacityBlocks}`,
+    );
+  }
+  return hostCapacityBlocks;
+}
+
 function checkCapacity(replica: string, capacityBlocks: number): number {
   if (
     !(Number.isInteger(capacityBlocks) || capacityBlocks === Number.POSITIVE_INFINITY) ||
@@ -104,9 +128,14 @@ function grownUint8(old: Uint8Array<ArrayBuffer>, length: number): Uint8Array<Ar
  * replica's LRU (a record touches its chain root first). Evicting from the LRU tail therefore
  * never strands a descendant, and along any path the holder sets only shrink — which is what lets
  * `match` notice where a replica's prefix ends by comparing holder counts.
+ *
+ * Tiers: a replica's LRU list is its GPU entries, then (from `hostHead`) its host entries. A parent
+ * being more recent than its child, along any path a replica's blocks are GPU blocks, then host
+ * blocks: the longest prefix splits at one depth, found by bisection.
  */
 export class FleetPrefixIndex {
   private readonly capacityOf: (replica: string) => number;
+  private readonly hostCapacityOf: (replica: string) => number;
 
   // Nodes.
   private nodeHi = new Int32Array(64);
@@ -144,6 +173,11 @@ export class FleetPrefixIndex {
   private readonly lruTail: number[] = [];
   private readonly held: number[] = [];
   private readonly capacity: number[] = [];
+  /** Entries in GPU memory; the rest of `held` are host entries. */
+  private readonly gpuHeld: number[] = [];
+  private readonly hostCapacity: number[] = [];
+  /** The most recent host entry (every later entry in the LRU is host too), NONE when there is none. */
+  private readonly hostHead: number[] = [];
   private readonly replicaFree: number[] = [];
 
   // Hashes that are not 16 lowercase hex digits, interned while a node uses them.
@@ -166,18 +200,21 @@ export class FleetPrefixIndex {
 
   constructor(options: FleetPrefixIndexOptions) {
     this.capacityOf = options.capacityBlocks;
+    this.hostCapacityOf = options.hostCapacityBlocks ?? (() => 0);
   }
 
   /**
    * Records that `replica` now holds the chain `hashes` (a prompt plus its output), making it the
    * most recently used: block 0 most recent, the last block least — a chain is worth something
    * only from its head, so its tail must go first, the order in which vLLM frees a finished
-   * request's blocks. Then evicts the replica's least recently used entries beyond its capacity.
+   * request's blocks. The chain is in GPU memory (it was just computed or loaded there). Then the
+   * least recently used GPU entries beyond the GPU capacity move to host memory, and those beyond
+   * the host capacity are forgotten.
    */
-  record(replica: string, hashes: readonly string[], tier: BlockTier = "gpu"): void {
+  record(replica: string, hashes: readonly string[]): void {
     const r = this.replicaSlot(replica);
     this.capacity[r] = checkCapacity(replica, this.capacityOf(replica));
-    const tierCode = TIER_CODE[tier];
+    this.hostCapacity[r] = checkHostCapacity(replica, this.hostCapacityOf(replica));
     let parent = ROOT;
     let cursor = NONE;
     for (let i = 0; i < hashes.length; i++) {
@@ -187,8 +224,10 @@ export class FleetPrefixIndex {
       let entry = this.findEntry(node, r);
       if (entry === NONE) entry = this.addEntry(node, r);
       else this.unlinkLru(entry, r);
+      // Right behind a GPU entry (or at the head): still ahead of `hostHead`, so in the GPU part.
       this.linkLruAfter(entry, r, cursor);
-      this.entryTier[entry] = tierCode;
+      this.entryTier[entry] = GPU;
+      this.gpuHeld[r]!++;
       cursor = entry;
       parent = node;
     }
@@ -199,16 +238,24 @@ export class FleetPrefixIndex {
    * Every replica's longest unbroken prefix of `hashes`, in blocks; replicas with none are left
    * out. One walk down the tree: the cost is the matched depth plus, where a replica's prefix
    * ends, the holders of the last block it shared — not the fleet size.
+   *
+   * With `gpuBlocks`, also sets there, for every replica in the result, how many blocks of its
+   * prefix are in GPU memory (the rest only in host memory): a bisection of its prefix, only for
+   * replicas that hold host entries at all.
    */
-  match(hashes: readonly string[]): Map<string, number> {
+  match(hashes: readonly string[], gpuBlocks?: Map<string, number>): Map<string, number> {
     const result = new Map<string, number>();
     const counts = this.nodeHolderCount;
+    if (gpuBlocks !== undefined && this.path.length < hashes.length)
+      this.path = new Int32Array(Math.max(hashes.length, this.path.length * 2));
+    const path = this.path;
     let parent = ROOT;
     let depth = 0;
     for (; depth < hashes.length; depth++) {
       if (!this.parseKey(hashes[depth]!, false)) break;
       const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
       if (node === NONE) break;
+      if (gpuBlocks !== undefined) path[depth] = node;
       if (parent !== ROOT && counts[node]! < counts[parent]!) {
         // Holders only shrink along a path: those of the parent not stamped as holders here stop at `depth`.
         const stamp = this.nextStamp();
@@ -228,16 +275,22 @@ export class FleetPrefixIndex {
         result.set(this.replicaName[this.entryReplica[e]!]!, depth);
       }
     }
+    if (gpuBlocks !== undefined) {
+      for (const [name, blocks] of result)
+        gpuBlocks.set(name, this.gpuDepth(this.replicaIds.get(name)!, blocks));
+    }
     return result;
   }
 
   /**
    * One replica's longest unbroken prefix of `hashes`, in blocks (0 when none): a pinned step's
    * check. Walks the path once, then finds where the replica drops off it by bisection — it holds
-   * a prefix of any path, so its entries need not be probed block by block.
+   * a prefix of any path, so its entries need not be probed block by block. With `tiers`, sets
+   * `tiers.gpuBlocks` to how many of those blocks are in GPU memory (the rest only in host memory).
    */
-  matchReplica(replica: string, hashes: readonly string[]): number {
+  matchReplica(replica: string, hashes: readonly string[], tiers?: { gpuBlocks: number }): number {
     const r = this.replicaIds.get(replica);
+    if (tiers !== undefined) tiers.gpuBlocks = 0;
     if (r === undefined) return 0;
     if (this.path.length < hashes.length)
       this.path = new Int32Array(Math.max(hashes.length, this.path.length * 2));
@@ -259,6 +312,21 @@ export class FleetPrefixIndex {
       if (this.findEntry(path[mid]!, r) !== NONE) lo = mid + 1;
       else hi = mid;
     }
+    if (tiers !== undefined) tiers.gpuBlocks = this.gpuDepth(r, lo);
+    return lo;
+  }
+
+  /** How many of the first `blocks` nodes of `this.path`, all held by `r`, it holds in GPU memory. */
+  private gpuDepth(r: number, blocks: number): number {
+    if (this.hostHead[r] === NONE) return blocks;
+    // Invariant: path[0 … lo−1] are GPU entries of r, path[hi … blocks−1] host entries.
+    let lo = 0;
+    let hi = blocks;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.entryTier[this.findEntry(this.path[mid]!, r)] === GPU) lo = mid + 1;
+      else hi = mid;
+    }
     return lo;
   }
 
@@ -273,21 +341,30 @@ export class FleetPrefixIndex {
   }
 
   /**
-   * Sets a replica's capacity in blocks (it reported its KV capacity); shrinking evicts its least
-   * recently used entries at once. Later records ask `capacityBlocks` again.
+   * Sets a replica's capacities in blocks (it reported its KV capacity, and its host tier's);
+   * shrinking moves or evicts its least recently used entries at once. Later records ask
+   * `capacityBlocks` and `hostCapacityBlocks` again.
    */
-  resize(replica: string, capacityBlocks: number): void {
+  resize(replica: string, capacityBlocks: number, hostCapacityBlocks = 0): void {
     const max = checkCapacity(replica, capacityBlocks);
+    const hostMax = checkHostCapacity(replica, hostCapacityBlocks);
     const r = this.replicaIds.get(replica);
     if (r === undefined) return;
     this.capacity[r] = max;
+    this.hostCapacity[r] = hostMax;
     this.trim(r);
   }
 
-  /** Blocks `replica` holds. */
+  /** Blocks `replica` holds, in both tiers. */
   blocksHeld(replica: string): number {
     const r = this.replicaIds.get(replica);
     return r === undefined ? 0 : this.held[r]!;
+  }
+
+  /** Blocks `replica` holds in GPU memory. */
+  gpuBlocksHeld(replica: string): number {
+    const r = this.replicaIds.get(replica);
+    return r === undefined ? 0 : this.gpuHeld[r]!;
   }
 
   /** The tier `replica` holds the last block of the chain `hashes` in, or undefined when it does not hold the chain. */
@@ -348,9 +425,15 @@ export class FleetPrefixIndex {
     for (const [name, r] of this.replicaIds) {
       const rank = new Map<number, number>();
       let n = 0;
+      let gpu = 0;
+      let inHost = false;
       let prev = NONE;
       for (let e = this.lruHead[r]!; e !== NONE; e = this.lruNext[e]!) {
         if (this.lruPrev[e] !== prev) throw new Error(`broken LRU links of ${name}`);
+        if (e === this.hostHead[r]) inHost = true;
+        if ((this.entryTier[e] === HOST) !== inHost)
+          throw new Error(`a tier out of place in the LRU of ${name}`);
+        if (!inHost) gpu++;
         if (this.entryReplica[e] !== r) throw new Error(`foreign entry in the LRU of ${name}`);
         if (this.findEntry(this.entryNode[e]!, r) !== e) throw new Error(`entry of ${name} not in its table`);
         rank.set(this.entryNode[e]!, n++);
@@ -358,8 +441,13 @@ export class FleetPrefixIndex {
       }
       if (this.lruTail[r] !== prev) throw new Error(`LRU tail of ${name} is not its last entry`);
       if (n !== this.held[r]) throw new Error(`${name} holds ${n} entries, counted ${this.held[r]}`);
-      if (n > this.capacity[r]!)
-        throw new Error(`${name} holds ${n} entries over capacity ${this.capacity[r]}`);
+      if (this.hostHead[r] !== NONE && !inHost) throw new Error(`the host head of ${name} is not in its LRU`);
+      if (gpu !== this.gpuHeld[r])
+        throw new Error(`${name} holds ${gpu} GPU entries, counted ${this.gpuHeld[r]}`);
+      if (gpu > this.capacity[r]!)
+        throw new Error(`${name} holds ${gpu} GPU entries over capacity ${this.capacity[r]}`);
+      if (n - gpu > this.hostCapacity[r]!)
+        throw new Error(`${name} holds ${n - gpu} host entries over capacity ${this.hostCapacity[r]}`);
       for (const [node, position] of rank) {
         const parent = this.nodeParent[node]!;
         if (parent === ROOT) continue;
@@ -625,7 +713,7 @@ export class FleetPrefixIndex {
    */
   private grownLength(length: number): number {
     let total = 0;
-    for (const r of this.replicaIds.values()) total += this.capacity[r]!;
+    for (const r of this.replicaIds.values()) total += this.capacity[r]! + this.hostCapacity[r]!;
     const wanted = Math.ceil(length * 1.5);
     return total > length ? Math.min(wanted, total) : length + Math.max(64, Math.ceil(length / 8));
   }
@@ -647,7 +735,10 @@ export class FleetPrefixIndex {
     this.lruHead[r] = NONE;
     this.lruTail[r] = NONE;
     this.held[r] = 0;
+    this.gpuHeld[r] = 0;
     this.capacity[r] = 1;
+    this.hostCapacity[r] = 0;
+    this.hostHead[r] = NONE;
     return r;
   }
 
@@ -663,9 +754,12 @@ export class FleetPrefixIndex {
     return ++this.stamp;
   }
 
+  /** Takes `entry` out of the replica's LRU list, and out of its GPU count or off the host head. */
   private unlinkLru(entry: number, replica: number): void {
     const prev = this.lruPrev[entry]!;
     const next = this.lruNext[entry]!;
+    if (this.entryTier[entry] === GPU) this.gpuHeld[replica]!--;
+    else if (this.hostHead[replica] === entry) this.hostHead[replica] = next;
     if (prev !== NONE) this.lruNext[prev] = next;
     else this.lruHead[replica] = next;
     if (next !== NONE) this.lruPrev[next] = prev;
@@ -683,8 +777,21 @@ export class FleetPrefixIndex {
     else this.lruPrev[next] = entry;
   }
 
+  /**
+   * GPU entries beyond the GPU capacity move to host memory, least recent first (the entry just
+   * ahead of the host head becomes it); host entries beyond the host capacity are forgotten.
+   */
   private trim(replica: number): void {
     const max = this.capacity[replica]!;
-    while (this.held[replica]! > max) this.evict(this.lruTail[replica]!, replica);
+    while (this.gpuHeld[replica]! > max) {
+      const head = this.hostHead[replica]!;
+      const last = head === NONE ? this.lruTail[replica]! : this.lruPrev[head]!;
+      this.entryTier[last] = HOST;
+      this.hostHead[replica] = last;
+      this.gpuHeld[replica]!--;
+    }
+    const hostMax = this.hostCapacity[replica]!;
+    while (this.held[replica]! - this.gpuHeld[replica]! > hostMax)
+      this.evict(this.lruTail[replica]!, replica);
   }
 }

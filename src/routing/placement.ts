@@ -18,6 +18,10 @@ export interface TtftInput {
   prefillTokensPerSecond: number;
   /** KV usage 0–1 (blocks held by running calls). */
   kvUsage: number;
+  /** Prompt tokens this replica would load from its host-memory tier instead of computing them. Default 0. */
+  hostLoadTokens?: number;
+  /** How fast one call loads from the host tier, tokens per second (> 0 when `hostLoadTokens` > 0). */
+  hostLoadTokensPerSecond?: number;
 }
 
 /**
@@ -34,18 +38,36 @@ const KV_USAGE_CAP = 0.999;
 
 /**
  * Predicted time to first token on one replica, ms:
- * `(uncached + queued + in-flight prefill tokens) / prefill rate × 1000` plus the KV-pressure
- * term (see {@link KV_PRESSURE_MS}).
- * @throws RangeError when the rate is not a positive finite number or a count is negative
+ * `(uncached + queued + in-flight prefill tokens) / prefill rate × 1000`, plus the host-tier load
+ * `host tokens / load rate × 1000`, plus the KV-pressure term (see {@link KV_PRESSURE_MS}).
+ * @throws RangeError when a rate is not a positive finite number or a count is negative
  */
 export function predictTtftMs(candidate: TtftInput): number {
-  return ttftMs(
-    candidate.uncachedPrefillTokens,
-    candidate.queuedPrefillTokens,
-    candidate.inflightPrefillTokens,
-    candidate.prefillTokensPerSecond,
-    candidate.kvUsage,
+  return (
+    ttftMs(
+      candidate.uncachedPrefillTokens,
+      candidate.queuedPrefillTokens,
+      candidate.inflightPrefillTokens,
+      candidate.prefillTokensPerSecond,
+      candidate.kvUsage,
+    ) + hostLoadMs(candidate.hostLoadTokens ?? 0, candidate.hostLoadTokensPerSecond ?? 0)
   );
+}
+
+/**
+ * Time to load `tokens` from the host tier, ms. A host hit is priced at its load, not as free
+ * (a GPU hit) nor as a miss (recomputed): on `h100-llama3-8b` a token loads over PCIe in ~5 µs
+ * against ~25 µs or more to compute it, so the two rates, not a fixed credit, say what a host hit
+ * is worth on each replica.
+ * @throws RangeError when tokens are loaded at a rate that is not a positive finite number
+ */
+export function hostLoadMs(tokens: number, tokensPerSecond: number): number {
+  if (tokens === 0) return 0;
+  if (!(tokens > 0)) throw new RangeError(`host load tokens should be ≥ 0, got ${tokens}`);
+  if (!(tokensPerSecond > 0) || !Number.isFinite(tokensPerSecond)) {
+    throw new RangeError(`hostLoadTokensPerSecond should be a positive number, got ${tokensPerSecond}`);
+  }
+  return (tokens / tokensPerSecond) * 1000;
 }
 
 /** {@link predictTtftMs} over plain numbers: placement scores a whole fleet without an object per replica. */
@@ -88,6 +110,12 @@ export interface PlacementCandidate {
   inflightPrefillTokens: number;
   prefillTokensPerSecond: number;
   kvUsage: number;
+  /**
+   * How fast one call loads from the replica's host-memory tier, tokens per second (stated or
+   * measured); absent or 0 when it has no host tier or the rate is unknown — then a block predicted
+   * in host memory only is priced as a miss.
+   */
+  hostLoadTokensPerSecond?: number;
   /** A worker-wide gate rejection within the last second. */
   busy: boolean;
   /** Healthy and serving the model; an ineligible replica is never chosen. */
@@ -121,15 +149,18 @@ export type PlacementReason = "pinned" | "prefix" | "load" | "affinity_break";
 export interface Placement {
   replica: string;
   reason: PlacementReason;
-  /** Prompt tokens predicted to be served from the chosen replica's prefix cache. */
+  /** Prompt tokens predicted not to be computed on the chosen replica: in GPU memory, or loaded from host memory. */
   predictedHitTokens: number;
+  /** Of those, tokens predicted to be loaded from its host-memory tier (they take GPU blocks anew). Default 0. */
+  predictedHostHitTokens?: number;
   predictedTtftMs: number;
 }
 
-/** A candidate with its predicted hit and TTFT. */
+/** A candidate with its predicted hit (both tiers), host part of it, and TTFT. */
 interface Scored {
   candidate: PlacementCandidate;
   hitTokens: number;
+  hostTokens: number;
   ttftMs: number;
 }
 
@@ -142,26 +173,57 @@ function beats(ttft: number, hitTokens: number, kvUsage: number, incumbent: Scor
 }
 
 function choice(s: Scored, reason: PlacementReason): Placement {
-  return { replica: s.candidate.id, reason, predictedHitTokens: s.hitTokens, predictedTtftMs: s.ttftMs };
+  return {
+    replica: s.candidate.id,
+    reason,
+    predictedHitTokens: s.hitTokens,
+    ...(s.hostTokens > 0 ? { predictedHostHitTokens: s.hostTokens } : {}),
+    predictedTtftMs: s.ttftMs,
+  };
+}
+
+/**
+ * Tokens of a prefix of `blocks` blocks, `gpuBlocks` of them in GPU memory, that are hits: the GPU
+ * part, and the host part where the replica can load it (else it is a miss).
+ */
+function hits(
+  candidate: PlacementCandidate,
+  blocks: number,
+  gpuBlocks: number,
+  promptTokens: number,
+  blockSize: number,
+): { hitTokens: number; hostTokens: number } {
+  const gpuTokens = Math.min(gpuBlocks * blockSize, promptTokens);
+  const loadable = (candidate.hostLoadTokensPerSecond ?? 0) > 0;
+  const hitTokens = loadable ? Math.min(blocks * blockSize, promptTokens) : gpuTokens;
+  return { hitTokens, hostTokens: hitTokens - gpuTokens };
 }
 
 function score(
   candidate: PlacementCandidate,
   blocks: number,
+  gpuBlocks: number,
   promptTokens: number,
   blockSize: number,
 ): Scored {
-  const hitTokens = Math.min(blocks * blockSize, promptTokens);
-  return { candidate, hitTokens, ttftMs: ttftOf(candidate, promptTokens - hitTokens) };
+  const { hitTokens, hostTokens } = hits(candidate, blocks, gpuBlocks, promptTokens, blockSize);
+  return {
+    candidate,
+    hitTokens,
+    hostTokens,
+    ttftMs: ttftOf(candidate, promptTokens - hitTokens, hostTokens),
+  };
 }
 
-function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number): number {
-  return ttftMs(
-    uncachedPrefillTokens,
-    candidate.queuedPrefillTokens,
-    candidate.inflightPrefillTokens,
-    candidate.prefillTokensPerSecond,
-    candidate.kvUsage,
+function ttftOf(candidate: PlacementCandidate, uncachedPrefillTokens: number, hostTokens: number): number {
+  return (
+    ttftMs(
+      uncachedPrefillTokens,
+      candidate.queuedPrefillTokens,
+      candidate.inflightPrefillTokens,
+      candidate.prefillTokensPerSecond,
+      candidate.kvUsage,
+    ) + (hostTokens > 0 ? hostLoadMs(hostTokens, candidate.hostLoadTokensPerSecond!) : 0)
   );
 }
 
@@ -193,12 +255,11 @@ export function keepPin(input: PlacementInput): Placement | undefined {
   const home = candidates.find((c) => c.id === pinned);
   if (!home?.eligible || home.busy || !(home.kvUsage < affinityBreakKv)) return undefined;
   const fleetIndex = usePrefix ? (input.fleetIndex ?? null) : null;
-  const blocks = !usePrefix
-    ? 0
-    : fleetIndex !== null
-      ? fleetIndex.matchReplica(home.id, hashes)
-      : (home.index?.matchBlocks(hashes) ?? 0);
-  const scored = score(home, blocks, promptTokens, blockSize);
+  const tiers = { gpuBlocks: 0 };
+  let blocks = 0;
+  if (fleetIndex !== null) blocks = fleetIndex.matchReplica(home.id, hashes, tiers);
+  else if (usePrefix) tiers.gpuBlocks = blocks = home.index?.matchBlocks(hashes) ?? 0;
+  const scored = score(home, blocks, tiers.gpuBlocks, promptTokens, blockSize);
   return scored.ttftMs <= affinityBreakMs ? choice(scored, "pinned") : undefined;
 }
 
@@ -242,7 +303,8 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
   }
   if (!anyEligible) return undefined;
 
-  const matches = fleetIndex !== null && hashes.length > 0 ? fleetIndex.match(hashes) : null;
+  const gpuMatches = new Map<string, number>();
+  const matches = fleetIndex !== null && hashes.length > 0 ? fleetIndex.match(hashes, gpuMatches) : null;
   let best: Scored | undefined;
   let home: Scored | undefined;
   /** Best of the pool except the pinned replica. */
@@ -251,31 +313,37 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
   let unsaturated: Scored | undefined;
   for (const candidate of candidates) {
     if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
-    const blocks = !usePrefix
-      ? 0
-      : fleetIndex !== null
-        ? (matches?.get(candidate.id) ?? 0)
-        : (candidate.index?.matchBlocks(hashes) ?? 0);
-    const hitTokens = Math.min(blocks * blockSize, promptTokens);
-    const ttft = ttftOf(candidate, promptTokens - hitTokens);
+    let blocks = 0;
+    let gpuBlocks = 0;
+    if (fleetIndex !== null) {
+      blocks = matches?.get(candidate.id) ?? 0;
+      gpuBlocks = gpuMatches.get(candidate.id) ?? 0;
+    } else if (usePrefix) {
+      gpuBlocks = blocks = candidate.index?.matchBlocks(hashes) ?? 0;
+    }
+    let hitTokens = Math.min(gpuBlocks * blockSize, promptTokens);
+    let hostTokens = 0;
+    if (blocks > gpuBlocks)
+      ({ hitTokens, hostTokens } = hits(candidate, blocks, gpuBlocks, promptTokens, blockSize));
+    const ttft = ttftOf(candidate, promptTokens - hitTokens, hostTokens);
     const kv = candidate.kvUsage;
     // A Scored object only for a candidate that leads something: no allocation per replica.
     let s: Scored | undefined;
     if (beats(ttft, hitTokens, kv, best)) {
-      s = { candidate, hitTokens, ttftMs: ttft };
+      s = { candidate, hitTokens, hostTokens, ttftMs: ttft };
       best = s;
     }
     if (pinned === undefined) continue;
     if (candidate.id === pinned && home === undefined) {
-      home = s ?? { candidate, hitTokens, ttftMs: ttft };
+      home = s ?? { candidate, hitTokens, hostTokens, ttftMs: ttft };
       continue;
     }
     if (beats(ttft, hitTokens, kv, alternative)) {
-      s ??= { candidate, hitTokens, ttftMs: ttft };
+      s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
       alternative = s;
     }
     if (kv < affinityBreakKv && beats(ttft, hitTokens, kv, unsaturated)) {
-      s ??= { candidate, hitTokens, ttftMs: ttft };
+      s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
       unsaturated = s;
     }
   }

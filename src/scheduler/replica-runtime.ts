@@ -12,7 +12,8 @@ import { DrainEstimator } from "../gate/drain-estimator.js";
 import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
-import { HitRateMeter } from "../signals/hit-rate.js";
+import { CacheTurnover } from "../signals/cache-turnover.js";
+import { HitRateMeter, PredictedHitRate } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
 
@@ -33,7 +34,15 @@ export class ReplicaRuntime {
   readonly index: FleetPrefixIndex | null;
   /** This replica's capacity in the prefix index, blocks (its KV capacity over the block size). */
   indexCapacityBlocks: number;
+  /** Its host-memory tier's capacity in the prefix index, blocks; 0 without a tier or when the policy ignores tiers. */
+  indexHostCapacityBlocks = 0;
+  /** Whether placement and the window see this replica's host tier (the policy's `tiers` feature). */
+  private readonly seesTiers: boolean;
   readonly hitRate = new HitRateMeter();
+  /** The hit rate placement predicted for the calls it sent here, per control interval (the token window's H is read against it). */
+  readonly predictedHitRate = new PredictedHitRate();
+  /** How fast its GPU prefix cache turns over (how long a block outlives its last use). */
+  readonly cacheTurnover = new CacheTurnover();
   readonly prefillRate: PrefillRateEstimator;
   /** A worker-wide gate rejection keeps new calls away until then (clock ms). */
   private busyUntil = Number.NEGATIVE_INFINITY;
@@ -89,10 +98,52 @@ export class ReplicaRuntime {
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
     this.index = features.placement === "prefix" ? fleetIndex : null;
+    this.seesTiers = features.tiers;
     this.indexCapacityBlocks = Math.max(
       1,
       Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize),
     );
+    this.indexHostCapacityBlocks = this.hostBlocks(signals);
+  }
+
+  /**
+   * How fast one call loads from this replica's host tier, tokens per second, as the engine states
+   * or measures it; 0 when it has none, its rate is unknown, or the policy ignores tiers (then a
+   * block predicted in host memory only is priced as a miss).
+   */
+  hostLoadTokensPerSecond(): number {
+    if (!this.seesTiers || !(this.hostTierTokens() > 0)) return 0;
+    const rate = this.signalsSeen.hostLoadTokensPerSecond;
+    return rate !== undefined && rate > 0 && Number.isFinite(rate) ? rate : 0;
+  }
+
+  /**
+   * The host tier's capacity as placement and the window see it, tokens: what the engine states,
+   * 0 without a tier, an unstated size or a policy that ignores tiers.
+   */
+  hostTierTokens(signals: EngineSignals = this.signalsSeen): number {
+    const tokens = signals.hostKvCapacityTokens;
+    return this.seesTiers && tokens !== undefined && tokens > 0 ? tokens : 0;
+  }
+
+  /**
+   * Cumulative prefix-cache counters for the window law's hit rate: GPU memory alone, or — where
+   * the policy sees a host tier — hits in either tier, since a prefix loaded from host memory was
+   * not lost. Counted as lookups less the tokens neither tier had (the host tier's lookups less its
+   * hits), which holds whether the engine's GPU counters include host hits (SGLang) or not (vLLM).
+   */
+  prefixCounters(signals: EngineSignals = this.signalsSeen): { hits: number; queries: number } {
+    const queries = signals.prefixQueryTokens;
+    const hostQueries = signals.hostPrefixQueryTokens;
+    const hostHits = signals.hostPrefixHitTokens;
+    if (!(this.hostTierTokens(signals) > 0) || hostQueries === undefined || hostHits === undefined) {
+      return { hits: signals.prefixHitTokens, queries };
+    }
+    return { hits: Math.max(0, queries - Math.max(0, hostQueries - hostHits)), queries };
+  }
+
+  private hostBlocks(signals: EngineSignals): number {
+    return Math.floor(this.hostTierTokens(signals) / this.config.blockSize);
   }
 
   /** The latest signals the engine reported. */
@@ -192,11 +243,16 @@ export class ReplicaRuntime {
         this.tokenWindow = this.newTokenWindow(signals.kvCapacityTokens);
       }
     }
-    if (this.index && signals.kvCapacityTokens > 0) {
-      const blocks = Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize));
-      if (blocks !== this.indexCapacityBlocks) {
+    if (this.index) {
+      const blocks =
+        signals.kvCapacityTokens > 0
+          ? Math.max(1, Math.floor(signals.kvCapacityTokens / this.config.blockSize))
+          : this.indexCapacityBlocks;
+      const hostBlocks = this.hostBlocks(signals);
+      if (blocks !== this.indexCapacityBlocks || hostBlocks !== this.indexHostCapacityBlocks) {
         this.indexCapacityBlocks = blocks;
-        this.index.resize(this.id, blocks);
+        this.indexHostCapacityBlocks = hostBlocks;
+        this.index.resize(this.id, blocks, hostBlocks);
       }
     }
     return signals;

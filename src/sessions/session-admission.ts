@@ -61,6 +61,8 @@ export class SessionRecord {
   idleSince = Number.NaN;
   /** How long it keeps its place once idle before it may go dormant, ms. */
   retentionMs = 0;
+  /** Where `retentionMs` came from. */
+  retentionSource: RetentionSource = "default";
   /** The client's hint for the idle gap after the step running now, ms. */
   expectedIdleMs: number | undefined = undefined;
   /** Its own recent idle gaps. */
@@ -70,6 +72,14 @@ export class SessionRecord {
   heldOn: ReplicaSlots | null = null;
   /** The window whose `pauseRequests` counts this session's pending pause. */
   requestOn: ReplicaSlots | null = null;
+  /**
+   * Out of the window (paused or dormant) with its context counted as retained in its replica's
+   * host-memory tier: decided when it left, by the room there then.
+   */
+  retainedInHost = false;
+  /** Context tokens it counts for in `hostOn`'s host tier now (0 when not counted). */
+  hostHeld = 0;
+  hostOn: ReplicaSlots | null = null;
 
   constructor(
     readonly id: string,
@@ -148,6 +158,12 @@ interface ReplicaSlots {
   holders: number;
   /** Active sessions asked to pause at their next boundary. */
   pauseRequests: number;
+  /** Its host-memory KV tier's capacity, tokens; 0 without one (docs/tiers.md). */
+  hostRoom: number;
+  /** How long a block outlives its last use in its GPU prefix cache, ms (Infinity: unknown). */
+  turnoverMs: number;
+  /** Context tokens of its paused and dormant sessions counted as retained in host memory (≤ `hostRoom`). */
+  hostHeld: number;
 }
 
 export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
@@ -182,6 +198,8 @@ export interface ReplicaWindowCounts {
   size: number | null;
   sizeTokens: number | null;
   footprintTokens: number | null;
+  /** Context tokens of paused and dormant sessions counted as retained in the replica's host-memory tier. */
+  hostRetainedTokens: number;
   active: number;
   idle: number;
   dormant: number;
@@ -257,7 +275,31 @@ export class SessionAdmission {
       held: 0,
       holders: 0,
       pauseRequests: 0,
+      hostRoom: 0,
+      hostHeld: 0,
+      turnoverMs: Number.POSITIVE_INFINITY,
     });
+  }
+
+  /**
+   * What keeps an idle session's cache on a replica besides its window place (docs/how-it-works.md):
+   * - `hostRoomTokens`, its host-memory KV tier's capacity (0: none). A session leaving the token
+   *   window there is counted as retained in host memory while its context fits what is left of
+   *   it; sessions already counted stay counted (a smaller tier forgets its oldest blocks first,
+   *   which the router's index sees, not this count);
+   * - `turnoverMs`, how long a block outlives its last use in its GPU cache (Infinity: unknown).
+   *   A session expected back later than that finds its cache gone whatever its place.
+   */
+  setCacheRetention(id: string, retention: { hostRoomTokens: number; turnoverMs: number }): void {
+    const { hostRoomTokens, turnoverMs } = retention;
+    if (!(Number.isFinite(hostRoomTokens) && hostRoomTokens >= 0)) {
+      throw new RangeError(`host room should be a number of tokens ≥ 0, got ${hostRoomTokens}`);
+    }
+    if (!(turnoverMs > 0)) throw new RangeError(`turnoverMs should be a number of ms > 0, got ${turnoverMs}`);
+    const slots = this.replicas.get(id);
+    if (!slots) return;
+    slots.hostRoom = hostRoomTokens;
+    slots.turnoverMs = turnoverMs;
   }
 
   /** Applies a new window size (and whether the replica takes new sessions), pausing or admitting as needed. */
@@ -539,6 +581,7 @@ export class SessionAdmission {
         size: null,
         sizeTokens: null,
         footprintTokens: null,
+        hostRetainedTokens: 0,
         active: 0,
         idle: 0,
         dormant: 0,
@@ -556,6 +599,7 @@ export class SessionAdmission {
       size: tokens ? (slots.size === null ? null : slots.holders) : slots.size,
       sizeTokens: tokens ? slots.size : null,
       footprintTokens: tokens ? slots.held : null,
+      hostRetainedTokens: slots.hostHeld,
       active: slots.active.length,
       idle,
       dormant: slots.dormant.length,
@@ -678,6 +722,7 @@ export class SessionAdmission {
     }
     if (source === "own" || source === "fleet") retention *= RETENTION_SLACK;
     session.retentionMs = Math.min(this.options.idleTimeoutMs, Math.max(0, retention));
+    session.retentionSource = source;
     if (this.unit === "tokens" && session.state === "active" && session.replica !== null) {
       this.options.onRetention?.(session.replica, session.retentionMs, source);
     }
@@ -767,6 +812,19 @@ export class SessionAdmission {
     if (session.requestOn) session.requestOn.pauseRequests--;
     session.requestOn = requested;
     if (requested) requested.pauseRequests++;
+    const state = session.state;
+    if (!(state === "paused" || state === "dormant")) session.retainedInHost = false;
+    const hostSlots =
+      session.retainedInHost && session.replica !== null ? this.replicas.get(session.replica) : undefined;
+    if (session.hostOn) session.hostOn.hostHeld -= session.hostHeld;
+    session.hostHeld = hostSlots ? session.tokens : 0;
+    session.hostOn = hostSlots ?? null;
+    if (hostSlots) hostSlots.hostHeld += session.hostHeld;
+  }
+
+  /** Whether the context of `session`, leaving the token window, fits what is left of the replica's host tier. */
+  private hostHasRoom(slots: ReplicaSlots, session: SessionRecord): boolean {
+    return this.unit === "tokens" && session.tokens > 0 && slots.hostHeld + session.tokens <= slots.hostRoom;
   }
 
   private activate(session: SessionRecord, replica: string, event: "admitted" | "resumed"): void {
@@ -790,6 +848,7 @@ export class SessionAdmission {
     removeFrom(slots.active, session);
     session.place = { state: to, replica: slots.id, since: this.clock.now() };
     (to === "paused" ? slots.paused : slots.dormant).push(session);
+    session.retainedInHost = this.hostHasRoom(slots, session);
     this.account(session);
     this.options.onEvent?.(session.id, to, session.replica);
   }
@@ -850,6 +909,14 @@ export class SessionAdmission {
   /**
    * While others wait for room, idle sessions past their retention go dormant:
    * they leave the window (their footprint stops counting) and keep their pin.
+   * Retention keeps a cache in GPU memory, so an idle session within it goes
+   * too where its place keeps nothing there: it is expected back (its
+   * retention) later than blocks outlive their last use in the GPU cache. Its
+   * GPU room serves a session that waits now; where the host tier has room
+   * for its context, it is counted as retained there and comes back to a load.
+   * Letting every idle session with host room go at once was measured worse:
+   * on `agents-256` with a host tier, 917 s against 794 s — each 1–5 s tool
+   * call cost its session a wait for room in the window.
    */
   private reclaimIdle(): void {
     if (this.unit !== "tokens") return;
@@ -859,7 +926,10 @@ export class SessionAdmission {
       if (!this.waitingFor(slots.id)) continue;
       for (const session of [...slots.active]) {
         if (session.running > 0 || session.waiters.length > 0) continue;
-        if (now - session.idleSince < session.retentionMs) continue;
+        // A default retention is a guess, not an expected return: it never outlasts the cache on its own.
+        const backAfterTurnover =
+          session.retentionSource !== "default" && session.retentionMs > slots.turnoverMs;
+        if (now - session.idleSince < session.retentionMs && !backAfterTurnover) continue;
         this.leave(session, slots, "dormant");
         freed = true;
       }

@@ -102,3 +102,57 @@ export class HitRateMeter {
     this.current = clampRatio(hits / queries);
   }
 }
+
+/**
+ * The prefix hit rate the router predicted for the calls it placed on one replica, token-weighted
+ * per control interval: the rate the cache would show if it held what the router's index says.
+ * An interval in which nothing was placed holds the previous value.
+ */
+export class PredictedHitRate {
+  private hits = 0;
+  private prompts = 0;
+  private current: number | undefined;
+
+  /** A call was placed here with `hitTokens` of its `promptTokens` predicted cached. */
+  record(hitTokens: number, promptTokens: number): void {
+    if (!(hitTokens >= 0 && promptTokens >= hitTokens)) {
+      throw new RangeError(
+        `predicted hits should be within [0, prompt tokens], got ${hitTokens} of ${promptTokens}`,
+      );
+    }
+    this.hits += hitTokens;
+    this.prompts += promptTokens;
+  }
+
+  /** Closes the interval; returns the predicted rate (0–1), undefined before anything was placed. */
+  close(): number | undefined {
+    if (this.prompts > 0) this.current = this.hits / this.prompts;
+    this.hits = 0;
+    this.prompts = 0;
+    return this.current;
+  }
+
+  /** The last closed interval's rate (held over empty intervals). */
+  get value(): number | undefined {
+    return this.current;
+  }
+}
+
+/**
+ * The share of the predicted hits the cache delivered: measured ÷ predicted hit rate, at most 1 —
+ * the token window's reading of SPEC 6's H (docs/how-it-works.md). A cache that thrashes loses
+ * prefixes the router counted on; a workload with little reuse (the Mooncake conversation trace:
+ * about 0.05 even with perfect routing) has a low hit rate that nothing lost, and reads as 1 here.
+ * Undefined — no measurement, so no cut — when either rate is unmeasured, or the router predicted a
+ * rate below `leastPredicted`: where it expected almost nothing, a low hit rate shows nothing lost.
+ */
+export function deliveredHitShare(
+  measured: number | undefined,
+  predicted: number | undefined,
+  leastPredicted: number,
+): number | undefined {
+  if (measured === undefined || predicted === undefined || !(predicted >= leastPredicted) || predicted <= 0) {
+    return undefined;
+  }
+  return Math.min(1, measured / predicted);
+}

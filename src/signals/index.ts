@@ -1,6 +1,12 @@
 /** @module Replica signals: prefill rate, windowed hit rate, staleness (re-exports only). */
 
-export { HitRateMeter, type HitRateMeterOptions, type PrefixCounters } from "./hit-rate.js";
+export {
+  deliveredHitShare,
+  HitRateMeter,
+  type HitRateMeterOptions,
+  PredictedHitRate,
+  type PrefixCounters,
+} from "./hit-rate.js";
 export {
   DEFAULT_PREFILL_RATE_OPTIONS,
   PrefillRateEstimator,

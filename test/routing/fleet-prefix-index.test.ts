@@ -142,14 +142,108 @@ describe("FleetPrefixIndex", () => {
     index.checkInvariants();
   });
 
-  it("keeps a tier tag per entry", () => {
-    const index = fleet({});
-    const a = blockHashes(prompt(64 * 3, 1), 64);
-    index.record("r0", a);
-    index.record("r1", a, "host");
-    assert.equal(index.tierOf("r0", a), "gpu");
-    assert.equal(index.tierOf("r1", a.slice(0, 2)), "host");
-    assert.equal(index.tierOf("r2", a), undefined);
+  it("splits a replica's LRU into GPU memory and host memory, as a write-back host tier does", () => {
+    const index = new FleetPrefixIndex({ capacityBlocks: () => 4, hostCapacityBlocks: () => 6 });
+    const [a, b, c, d] = [1, 2, 3, 4].map((salt) => blockHashes(prompt(64 * (salt === 4 ? 4 : 3), salt), 64));
+    index.record("r0", a!);
+    index.record("r0", b!);
+    index.record("r0", c!);
+    // LRU: c0 c1 c2 b0 | b1 b2 a0 a1 a2 — four in GPU memory, the rest moved to host memory.
+    assert.equal(index.gpuBlocksHeld("r0"), 4);
+    assert.equal(index.blocksHeld("r0"), 9);
+    const gpu = new Map<string, number>();
+    assert.deepEqual([...index.match(a!, gpu)], [["r0", 3]]);
+    assert.equal(gpu.get("r0"), 0);
+    assert.deepEqual([...index.match(b!, gpu)], [["r0", 3]]);
+    assert.equal(gpu.get("r0"), 1);
+    const tiers = { gpuBlocks: -1 };
+    assert.equal(index.matchReplica("r0", c!, tiers), 3);
+    assert.equal(tiers.gpuBlocks, 3);
+    assert.equal(index.tierOf("r0", b!.slice(0, 1)), "gpu");
+    assert.equal(index.tierOf("r0", b!.slice(0, 2)), "host");
+    index.checkInvariants();
+    // Used again, a chain is loaded back into GPU memory: a0 a1 a2 c0 | c1 c2 b0 b1 b2.
+    index.record("r0", a!);
+    assert.equal(index.matchReplica("r0", a!, tiers), 3);
+    assert.equal(tiers.gpuBlocks, 3);
+    assert.equal(index.matchReplica("r0", c!, tiers), 3);
+    assert.equal(tiers.gpuBlocks, 1);
+    // Past the host capacity the least recently used blocks are gone: d0–d3 | a0 a1 a2 c0 c1 c2.
+    index.record("r0", d!);
+    assert.equal(index.matchReplica("r0", b!, tiers), 0);
+    assert.equal(tiers.gpuBlocks, 0);
+    assert.equal(index.blocksHeld("r0"), 10);
+    index.checkInvariants();
+    // Shrinking the host tier forgets at once; a replica without one holds only GPU memory.
+    index.resize("r0", 4, 0);
+    assert.equal(index.blocksHeld("r0"), 4);
+    assert.equal(index.matchReplica("r0", a!, tiers), 0);
+    index.checkInvariants();
+    assert.equal(index.tierOf("r1", a!), undefined);
+  });
+
+  it("predicts each replica's tiers as a two-part LRU would, on random fleets and chains (property)", () => {
+    const chainArb = fc.record({
+      head: fc.integer({ min: 0, max: 3 }),
+      headBlocks: fc.integer({ min: 0, max: 6 }),
+      tail: fc.integer({ min: 0, max: 40 }),
+      tailBlocks: fc.integer({ min: 0, max: 8 }),
+    });
+    const opArb = fc.oneof(
+      fc.record({
+        kind: fc.constant("record" as const),
+        replica: fc.integer({ min: 0, max: 3 }),
+        chain: chainArb,
+      }),
+      fc.record({ kind: fc.constant("match" as const), chain: chainArb }),
+    );
+    const hashesOf = (c: { head: number; headBlocks: number; tail: number; tailBlocks: number }) =>
+      blockHashes([...prompt(8 * c.headBlocks, c.head), ...prompt(8 * c.tailBlocks, 1000 + c.tail)], 8);
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 1, max: 20 }), { minLength: 4, maxLength: 4 }),
+        fc.array(fc.integer({ min: 0, max: 40 }), { minLength: 4, maxLength: 4 }),
+        fc.array(opArb, { maxLength: 80 }),
+        (gpuCaps, hostCaps, ops) => {
+          const index = new FleetPrefixIndex({
+            capacityBlocks: (r) => gpuCaps[Number(r.slice(1))]!,
+            hostCapacityBlocks: (r) => hostCaps[Number(r.slice(1))]!,
+          });
+          // The reference: one recency list per replica (chain keys, most recent first); the first
+          // GPU-capacity positions are GPU memory, the next host-capacity ones host memory.
+          const lists = new Map<number, string[]>();
+          for (const op of ops) {
+            const hashes = hashesOf(op.chain);
+            const keys = hashes.map((_, i) => hashes.slice(0, i + 1).join("/"));
+            if (op.kind === "record") {
+              index.record(`r${op.replica}`, hashes);
+              const list = [...keys, ...(lists.get(op.replica) ?? []).filter((k) => !keys.includes(k))];
+              lists.set(op.replica, list.slice(0, gpuCaps[op.replica]! + hostCaps[op.replica]!));
+              continue;
+            }
+            const gpu = new Map<string, number>();
+            const matched = index.match(hashes, gpu);
+            for (const [replica, list] of lists) {
+              let blocks = 0;
+              while (blocks < keys.length && list.includes(keys[blocks]!)) blocks++;
+              let gpuBlocks = 0;
+              while (gpuBlocks < blocks && list.indexOf(keys[gpuBlocks]!) < gpuCaps[replica]!) gpuBlocks++;
+              assert.equal(matched.get(`r${replica}`) ?? 0, blocks);
+              if (blocks > 0) assert.equal(gpu.get(`r${replica}`), gpuBlocks);
+              const tiers = { gpuBlocks: -1 };
+              assert.equal(index.matchReplica(`r${replica}`, hashes, tiers), blocks);
+              assert.equal(tiers.gpuBlocks, gpuBlocks);
+            }
+          }
+          for (const [replica, list] of lists) {
+            assert.equal(index.blocksHeld(`r${replica}`), list.length);
+            assert.equal(index.gpuBlocksHeld(`r${replica}`), Math.min(list.length, gpuCaps[replica]!));
+          }
+          index.checkInvariants();
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 
   it("matches what per-replica LRU indexes would, on random fleets and chains (property)", () => {

@@ -337,14 +337,48 @@ describe("scheduler request path", () => {
     });
     await clock.advanceAsync(2_000);
     const start = windowTokens();
+    // The same prompt twice: placement predicts the second one's prefix cached (0.48 of the interval's tokens).
+    for (let i = 0; i < 2; i++) {
+      const call = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+      );
+      await run(clock, drain(call));
+    }
     lookups = { hits: 50, queries: 1000 };
     await clock.advanceAsync(2_000);
-    assert.equal(windowTokens(), Math.floor(start / 2));
+    assert.equal(windowTokens(), Math.floor(start / 2), "0.05 measured of 0.48 predicted: thrash");
     await clock.advanceAsync(4_000);
     assert.equal(windowTokens(), Math.floor(start / 2), "no lookups, no measurement: no second cut");
     engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0 });
     await clock.advanceAsync(2_000);
     assert.equal(windowTokens(), Math.floor(start / 2), "nobody waits: W holds");
+    assertIdle(scheduler);
+  });
+
+  it("does not take a low hit rate the router predicted for thrash", async () => {
+    const { clock, scheduler, engines } = fleet(1);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    let lookups = { hits: 0, queries: 0 };
+    engines[0]!.bend = (signals) => ({
+      ...signals,
+      kvUsage: 0.8,
+      prefixHitTokens: lookups.hits,
+      prefixQueryTokens: lookups.queries,
+    });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    // Prompts with nothing in common: placement predicts no hits, as on a trace with little reuse.
+    for (let i = 0; i < 2; i++) {
+      const call = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000, 10_000 * (i + 1)) } })),
+      );
+      await run(clock, drain(call));
+    }
+    lookups = { hits: 50, queries: 1000 };
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "5 % hits where none were predicted: nothing lost, W holds");
     assertIdle(scheduler);
   });
 

@@ -128,6 +128,100 @@ describe("token window admission", () => {
     assert.deepEqual(order, ["a", "c"]);
   });
 
+  it("counts a session out of the window as retained in host memory while its context fits the room there", async () => {
+    const { clock, admission, events, first } = setup({}, { r1: 10_000 });
+    // Blocks outlive their last use by 20 s in GPU memory; the host tier has room for 5,000 tokens.
+    admission.setCacheRetention("r1", { hostRoomTokens: 5_000, turnoverMs: 20_000 });
+    const a = admission.open("a");
+    const b = admission.open("b");
+    await admission.acquireStep(a, first, undefined, demand(3_000, 0, 60_000));
+    admission.endStep(a, { completed: true, contextTokens: 3_000 });
+    await admission.acquireStep(b, first, undefined, demand(2_000, 0, 60_000));
+    admission.endStep(b, { completed: true, contextTokens: 2_500 });
+    clock.advance(1_000);
+    admission.sweep();
+    assert.equal(a.state, "active", "nobody waits: both keep their places");
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    // c does not fit beside a and b; both are expected back (60 s) after their GPU cache turns over.
+    const c = admission.open("c");
+    assert.equal(await admission.acquireStep(c, first, undefined, demand(4_000, 0)), "r1");
+    assert.equal(a.state, "dormant");
+    assert.equal(b.state, "dormant");
+    assert.equal(a.retainedInHost, true);
+    assert.equal(
+      b.retainedInHost,
+      false,
+      "2,500 more would overflow the 5,000 of host room: b's cache is lost",
+    );
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 3_000);
+    assert.ok(events.includes("a:dormant"));
+    // Back, it holds GPU room again and no longer counts in host memory.
+    admission.endStep(c, { completed: true, contextTokens: 4_100 });
+    admission.close("c");
+    await admission.acquireStep(a, first, undefined, demand(3_200, 0, 60_000));
+    assert.equal(a.state, "active");
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    // Dormant and retained again, then closed: nothing stays counted.
+    admission.endStep(a, { completed: true, contextTokens: 3_300 });
+    const d = admission.open("d");
+    await admission.acquireStep(d, first, undefined, demand(8_000, 0));
+    assert.equal(a.state, "dormant");
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 3_300);
+    for (const id of ["a", "b", "d"]) admission.close(id);
+    assert.equal(admission.replicaCounts("r1").hostRetainedTokens, 0);
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 0);
+    assert.throws(
+      () => admission.setCacheRetention("r1", { hostRoomTokens: -1, turnoverMs: 1 }),
+      /host room should be a number of tokens ≥ 0, got -1/,
+    );
+    assert.throws(
+      () => admission.setCacheRetention("r1", { hostRoomTokens: 0, turnoverMs: 0 }),
+      /turnoverMs should be a number of ms > 0, got 0/,
+    );
+  });
+
+  it("lets an idle session go while others wait when it is expected back after its cache has turned over", async () => {
+    const { clock, admission, first } = setup({}, { r1: 10_000 });
+    // Blocks outlive their last use by 20 s here: a session expected back in 60 s will not find its cache.
+    admission.setCacheRetention("r1", { hostRoomTokens: 0, turnoverMs: 20_000 });
+    const late = admission.open("late");
+    const soon = admission.open("soon");
+    await admission.acquireStep(late, first, undefined, demand(4_000, 0, 60_000));
+    admission.endStep(late, { completed: true, contextTokens: 4_000 });
+    await admission.acquireStep(soon, first, undefined, demand(1_000, 0, 10_000));
+    admission.endStep(soon, { completed: true, contextTokens: 1_000 });
+    clock.advance(1_000);
+    const c = admission.open("c");
+    assert.equal(await admission.acquireStep(c, first, undefined, demand(3_000, 0)), "r1");
+    assert.equal(late.state, "dormant");
+    assert.equal(late.retainedInHost, false);
+    assert.equal(soon.state, "active", "back within the turnover: its place keeps its cache");
+    for (const id of ["late", "soon", "c"]) admission.close(id);
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 0);
+  });
+
+  it("keeps retention as it was where the replica has no host tier", async () => {
+    const { clock, admission, first } = setup({}, { r1: 10_000 });
+    const a = admission.open("a");
+    await admission.acquireStep(a, first, undefined, demand(6_000, 0, 60_000));
+    admission.endStep(a, { completed: true, contextTokens: 6_000 });
+    clock.advance(1_000);
+    const b = admission.open("b");
+    let admitted = false;
+    const stepB = admission.acquireStep(b, first, undefined, demand(5_000, 0)).then(() => {
+      admitted = true;
+    });
+    await settle();
+    assert.equal(admitted, false, "within its retention, a keeps its place");
+    assert.equal(a.state, "active");
+    clock.advance(59_000);
+    admission.sweep();
+    await stepB;
+    assert.equal(a.state, "dormant");
+    assert.equal(a.retainedInHost, false);
+    for (const id of ["a", "b"]) admission.close(id);
+  });
+
   it("pauses idle sessions past their retention first when W shrinks, never a running step", async () => {
     const { clock, admission, first } = setup({}, { r1: 100_000 });
     const sessions: SessionRecord[] = [];

@@ -2,7 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { HitRateMeter } from "../../src/signals/index.js";
+import { deliveredHitShare, HitRateMeter, PredictedHitRate } from "../../src/signals/hit-rate.js";
 
 describe("HitRateMeter", () => {
   it("returns Δhits / Δqueries over the last interval, not the lifetime ratio", () => {
@@ -81,5 +81,42 @@ describe("HitRateMeter", () => {
     const m = new HitRateMeter();
     assert.throws(() => m.observe({ hits: -1, queries: 1 }), /hits.*-1/);
     assert.throws(() => m.observe({ hits: 1, queries: Number.NaN }), /queries.*NaN/);
+  });
+});
+
+describe("PredictedHitRate", () => {
+  it("is the token-weighted predicted rate of each interval, held over intervals without placements", () => {
+    const p = new PredictedHitRate();
+    assert.equal(p.close(), undefined, "nothing placed yet");
+    p.record(900, 1000);
+    p.record(0, 3000);
+    assert.equal(p.close(), 0.225);
+    assert.equal(p.close(), 0.225, "an interval without placements holds the last rate");
+    p.record(50, 1000);
+    assert.equal(p.close(), 0.05);
+    assert.equal(p.value, 0.05);
+    assert.throws(() => p.record(11, 10), /within \[0, prompt tokens\], got 11 of 10/);
+  });
+});
+
+describe("deliveredHitShare", () => {
+  it("reads a low hit rate that was predicted as nothing lost, and one far below the prediction as thrash", () => {
+    // A fifth of what was predicted delivered: not below H_low (0.2).
+    assert.equal(deliveredHitShare(0.05, 0.25, 0.2), 0.2);
+    assert.equal(deliveredHitShare(0.24, 0.25, 0.2), 0.96);
+    // Agents on an over-full replica: 0.1 of a predicted 0.85.
+    assert.ok(deliveredHitShare(0.1, 0.85, 0.2)! < 0.2);
+    assert.equal(deliveredHitShare(0.95, 0.85, 0.2), 1, "never above 1");
+  });
+
+  it("measures nothing where either rate is unknown or the router predicted less than the floor", () => {
+    assert.equal(deliveredHitShare(undefined, 0.5, 0.2), undefined);
+    assert.equal(deliveredHitShare(0.01, undefined, 0.2), undefined);
+    assert.equal(
+      deliveredHitShare(0.01, 0.06, 0.2),
+      undefined,
+      "a workload with little reuse cannot show thrash",
+    );
+    assert.equal(deliveredHitShare(0, 0, 0), undefined);
   });
 });

@@ -270,6 +270,7 @@ describe("host tier in the scheduler's state", () => {
     const [tiered, flat] = scheduler.state().replicas;
     assert.equal(tiered!.hostTier?.capacityTokens, 64_000);
     assert.equal(tiered!.hostTier?.hitTokens, 0);
+    assert.equal(tiered!.hostTier?.retainedTokens, 0);
     assert.equal(flat!.hostTier, undefined);
     for (const engine of engines) await engine.close?.();
   });
