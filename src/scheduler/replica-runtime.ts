@@ -88,7 +88,8 @@ export class ReplicaRuntime {
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
-    this.index = features.placement === "prefix" ? fleetIndex : null;
+    // A decode replica of a disaggregated fleet is placed for room, not prefix: it keeps no index.
+    this.index = features.placement === "prefix" && engine.role !== "decode" ? fleetIndex : null;
     this.indexCapacityBlocks = Math.max(
       1,
       Math.floor((signals.kvCapacityTokens || FALLBACK_KV_TOKENS) / config.blockSize),
@@ -217,6 +218,11 @@ export class ReplicaRuntime {
   /** Records a call that ended, for the drain-rate estimate (a gate, where there is one, records its own calls). */
   recordCompletion(): void {
     if (!this.gate) this.completions.record();
+  }
+
+  /** Completions per second over the drain estimator's window (the same rate behind every Retry-After). */
+  completionRate(): number {
+    return this.completions.ratePerSecond();
   }
 
   /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */
