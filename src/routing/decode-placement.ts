@@ -14,23 +14,30 @@ export interface DecodeCandidate {
   eligible: boolean;
   /** Marked busy by a worker-wide gate rejection. */
   busy: boolean;
-  /** KV the budget may fill: ceiling less guard band, tokens. */
+  /** KV capacity, tokens, and the part of it admission may fill (capacity less the guard band). */
+  capacityTokens: number;
   usableTokens: number;
-  /** Calls admitted for this replica whose KV has not arrived yet (in prefill or on the link), and their reserved tokens. */
-  comingCalls: number;
-  comingTokens: number;
-  /** Calls decoding on this replica, and their reserved tokens. */
-  decodingCalls: number;
-  decodingTokens: number;
-  /** Completions per second the replica has shown over the drain estimator's window. */
-  completionsPerSecond: number;
-  /** Measured KV usage 0–1 and running calls, from the last scrape. */
+  /** Batch slots (max_num_seqs over every rank). */
+  batchSlots: number;
+  /** Measured at the last scrape: KV usage 0–1 and running calls. */
   kvUsage: number;
   running: number;
-  /** KV capacity, tokens, and batch slots (max_num_seqs over every rank). */
-  capacityTokens: number;
-  batchSlots: number;
-  /** KV transfer rate into this replica, tokens per second (> 0). */
+  /** Calls whose decode leg started since the last scrape (so the measurement misses them), and their prompt tokens. */
+  startedSinceScrapeCalls: number;
+  startedSinceScrapeTokens: number;
+  /** Calls that ended since the last scrape (the measurement still counts them), and their prompt tokens. */
+  endedSinceScrapeCalls: number;
+  endedSinceScrapeTokens: number;
+  /** Calls admitted for this replica whose KV has not arrived yet (prefill, link), and their tokens. */
+  comingCalls: number;
+  comingTokens: number;
+  /** Calls decoding, their tokens, and the output they may still add (Σ max_tokens: an upper bound on growth). */
+  decodingCalls: number;
+  decodingTokens: number;
+  decodingGrowthTokens: number;
+  /** Completions per second the replica has shown over the drain estimator's window. */
+  completionsPerSecond: number;
+  /** KV transfer rate into this replica, tokens per second (0: unknown, taken as instant). */
   transferTokensPerSecond: number;
 }
 
@@ -38,6 +45,8 @@ export interface DecodeCandidate {
 export interface DecodeDemand {
   /** KV the call holds on decode: input + max_tokens, tokens. */
   tokens: number;
+  /** Its max_tokens (part of `tokens`). */
+  maxTokens: number;
   /** Prompt tokens whose KV crosses the link. */
   transferTokens: number;
   /** Predicted time until its prefill finished (queue ahead plus its own prefill), ms. */
@@ -50,8 +59,6 @@ export interface DecodeRoom {
   tokens: number;
   /** Batch slots free for the call. */
   slots: number;
-  /** Of the decoding calls' tokens, how many are predicted to be freed by then (0 for `current`). */
-  creditTokens: number;
   /** When the call's KV will have arrived, ms from now. */
   arrivalInMs: number;
 }
@@ -64,34 +71,33 @@ export function transferMs(tokens: number, tokensPerSecond: number): number {
 /**
  * Room on `c` for the call when its KV arrives.
  *
- * `predicted`: every call already admitted for the replica counts, those still
- * in prefill too (they will be there first); of the decoding calls, as many as
- * the replica's completion rate finishes before the arrival are taken as gone
- * (at their mean reservation). The rate is the drain estimator's, which reads
- * low right after start-up, so the prediction errs toward too little room.
+ * `current`: what the last scrape says is free — blind to calls admitted but
+ * not yet arrived, and late by the scrape interval.
  *
- * `current`: what the last scrape says is free now — blind to calls admitted
- * but not yet arrived, and late by the scrape interval.
+ * `predicted`: the same measurement, corrected for everything it cannot show
+ * yet: calls that started decoding since the scrape (added) or ended since
+ * (removed), calls admitted and still in prefill or on the link (they will be
+ * there first), and the output decoding calls may still add; less what the
+ * replica's completion rate frees before the arrival (at the decoding calls'
+ * mean size). The rate is the drain estimator's, which reads low right after
+ * start-up, so the prediction errs toward too little room.
  */
 export function decodeRoom(c: DecodeCandidate, demand: DecodeDemand, check: DecodeCheck): DecodeRoom {
   const arrivalInMs = demand.prefillDoneInMs + transferMs(demand.transferTokens, c.transferTokensPerSecond);
+  const measuredTokens = c.kvUsage * c.capacityTokens;
   if (check !== "predicted") {
-    return {
-      tokens: c.capacityTokens * (1 - c.kvUsage) - (c.capacityTokens - c.usableTokens),
-      slots: c.batchSlots - c.running,
-      creditTokens: 0,
-      arrivalInMs,
-    };
+    return { tokens: c.usableTokens - measuredTokens, slots: c.batchSlots - c.running, arrivalInMs };
   }
-  const finished = Math.min(c.decodingCalls, (c.completionsPerSecond * arrivalInMs) / 1000);
-  const creditTokens =
-    c.decodingCalls > 0 ? Math.floor((c.decodingTokens * Math.floor(finished)) / c.decodingCalls) : 0;
-  return {
-    tokens: c.usableTokens - c.comingTokens - c.decodingTokens + creditTokens,
-    slots: c.batchSlots - c.comingCalls - c.decodingCalls + Math.floor(finished),
-    creditTokens,
-    arrivalInMs,
-  };
+  const finished = Math.floor(Math.min(c.decodingCalls, (c.completionsPerSecond * arrivalInMs) / 1000));
+  const freedTokens = c.decodingCalls > 0 ? (c.decodingTokens * finished) / c.decodingCalls : 0;
+  const usedTokens =
+    Math.max(0, measuredTokens + c.startedSinceScrapeTokens - c.endedSinceScrapeTokens) +
+    c.comingTokens +
+    c.decodingGrowthTokens -
+    freedTokens;
+  const running =
+    Math.max(0, c.running + c.startedSinceScrapeCalls - c.endedSinceScrapeCalls) + c.comingCalls - finished;
+  return { tokens: c.usableTokens - usedTokens, slots: c.batchSlots - running, arrivalInMs };
 }
 
 /** The decision: a replica and its room, or none with the best room seen (for the refusal's message). */

@@ -76,15 +76,62 @@ export interface DisaggregatedContext {
   emit<K extends keyof SchedulerEvents>(name: K, event: Parameters<NonNullable<SchedulerEvents[K]>>[0]): void;
 }
 
-/** Calls admitted for a decode replica, by where their KV is. */
-interface DecodeCounts {
-  coming: number;
-  decoding: number;
+/**
+ * What a decode replica has been promised, by where each call's KV is, and
+ * what changed there since its signals were last read (the measurement does
+ * not show it yet).
+ */
+class DecodeLedger {
+  coming = 0;
+  comingTokens = 0;
+  decoding = 0;
+  decodingTokens = 0;
+  /** Σ max_tokens of the decoding calls: the most their KV may still grow. */
+  decodingGrowth = 0;
+  private scrapeAt = Number.NEGATIVE_INFINITY;
+  startedCalls = 0;
+  startedTokens = 0;
+  endedCalls = 0;
+  endedTokens = 0;
+
+  /** Forgets the changes a newer reading of the replica's signals already shows. */
+  sync(readAtMs: number): void {
+    if (readAtMs === this.scrapeAt) return;
+    this.scrapeAt = readAtMs;
+    this.startedCalls = 0;
+    this.startedTokens = 0;
+    this.endedCalls = 0;
+    this.endedTokens = 0;
+  }
 }
+
+/** A call waiting before its prefill for decode room. */
+interface DecodeWaiter {
+  lane: Lane;
+  /** The demand, recomputed at each look (its prefill's predicted end moves as the prefill queue does). */
+  demand: () => DecodeDemand;
+  check: DecodeCheck;
+  resolve(placed: PlacedDecode): void;
+  /** Stops its timer and signal listener. */
+  settle(): void;
+}
+
+/** Where a call will decode: its hold (taken before prefill by the predicted check) and when its KV arrives. */
+interface PlacedDecode {
+  replica: ReplicaRuntime;
+  hold: DecodeHold | undefined;
+  arrivalInMs: number;
+}
+
+/** How often waiting calls look again for decode room between decode completions, ms (predicted room grows with time). */
+const DECODE_WAIT_RECHECK_MS = 250;
 
 /** Decode-side holds of one call, given back once. */
 interface DecodeHold {
   replica: ReplicaRuntime;
+  /** The call's KV on decode (input + max_tokens) and its max_tokens, tokens. */
+  tokens: number;
+  maxTokens: number;
   reservation: Reservation | null;
   counted: "coming" | "decoding" | null;
 }
@@ -95,13 +142,15 @@ interface DecodeHold {
  */
 export class DisaggregatedPath {
   readonly decodeCheck: DecodeCheck;
-  private readonly counts = new Map<string, DecodeCounts>();
+  private readonly ledgers = new Map<string, DecodeLedger>();
+  private readonly waiters: DecodeWaiter[] = [];
+  private cancelWake: (() => void) | undefined;
   private refusedAfterPrefillCalls = 0;
   private wastedTokens = 0;
 
   constructor(private readonly ctx: DisaggregatedContext) {
     this.decodeCheck = ctx.config.disaggregation.decodeCheck;
-    for (const replica of ctx.decodeReplicas) this.counts.set(replica.id, { coming: 0, decoding: 0 });
+    for (const replica of ctx.decodeReplicas) this.ledgers.set(replica.id, new DecodeLedger());
   }
 
   /** For the admin state. */
@@ -113,10 +162,10 @@ export class DisaggregatedPath {
     };
   }
 
-  /** Calls counted on decode replicas (coming or decoding): zero once idle. */
+  /** Calls counted on decode replicas (coming or decoding) or waiting for decode room: zero once idle. */
   outstanding(): number {
-    let n = 0;
-    for (const c of this.counts.values()) n += c.coming + c.decoding;
+    let n = this.waiters.length;
+    for (const ledger of this.ledgers.values()) n += ledger.coming + ledger.decoding;
     return n;
   }
 
@@ -131,37 +180,35 @@ export class DisaggregatedPath {
   ): Promise<AdmittedCall> {
     const { req, prefill, uncached, lane } = call;
     const decodeTokens = call.tokens.length + call.maxTokens;
-    // The prefill side's budget: its uncached prompt and the one token it generates.
-    if (prefill.budget) {
-      holds.reservation = prefill.budget.reserveOrRefuse(uncached + 1, {
-        queued: true,
-        lane,
-        callTokens: call.tokens.length + 1,
-        retryAfterSeconds: prefill.drainSeconds(prefill.running),
-      });
-    }
-    const prefillDoneInMs = predictTtftMs({
-      uncachedPrefillTokens: uncached,
-      queuedPrefillTokens: prefill.queuedPrefillTokens,
-      inflightPrefillTokens: prefill.inflightPrefillTokens,
-      prefillTokensPerSecond: prefill.prefillRate.rate(),
-      kvUsage: prefill.signals.kvUsage,
-    });
-    const demand: DecodeDemand = {
+    const demand = (): DecodeDemand => ({
       tokens: decodeTokens,
+      maxTokens: call.maxTokens,
       transferTokens: Math.max(0, call.tokens.length - 1),
-      prefillDoneInMs,
-    };
+      prefillDoneInMs: predictTtftMs({
+        uncachedPrefillTokens: uncached,
+        queuedPrefillTokens: prefill.queuedPrefillTokens,
+        inflightPrefillTokens: prefill.inflightPrefillTokens,
+        prefillTokensPerSecond: prefill.prefillRate.rate(),
+        kvUsage: prefill.signals.kvUsage,
+      }),
+    });
     let decode: DecodeHold | undefined;
-    let arrivalInMs = prefillDoneInMs;
+    let arrivalInMs = demand().prefillDoneInMs;
     if (this.decodeCheck !== "none") {
-      const placed = this.placeDecode(demand, this.decodeCheck, lane);
+      const placed = await this.awaitDecode(demand, this.decodeCheck, lane, req.signal);
+      decode = placed.hold;
       arrivalInMs = placed.arrivalInMs;
-      if (this.decodeCheck === "predicted") {
-        decode = this.holdDecode(placed.replica, decodeTokens, placed.creditTokens);
-      }
     }
     try {
+      // The prefill side's budget: its uncached prompt and the one token it generates.
+      if (prefill.budget) {
+        holds.reservation = prefill.budget.reserveOrRefuse(uncached + 1, {
+          queued: true,
+          lane,
+          callTokens: call.tokens.length + 1,
+          retryAfterSeconds: prefill.drainSeconds(prefill.running),
+        });
+      }
       this.checkDeadline(req, lane, arrivalInMs, prefill);
       holds.permit = await this.ctx.passGate(req, prefill, lane, uncached);
       const prefillAdmittedAt = this.ctx.clock.now();
@@ -176,11 +223,13 @@ export class DisaggregatedPath {
       holds.reservation?.release();
       holds.reservation = null;
       try {
-        decode ??= this.holdDecode(
-          this.placeDecode({ ...demand, prefillDoneInMs: 0 }, "current", lane).replica,
-          decodeTokens,
-          0,
-        );
+        // Without a predicted hold, the call is checked on current decode load now that it is here.
+        if (!decode) {
+          const here = { ...demand(), prefillDoneInMs: 0 };
+          const placed = this.place(here, "current");
+          if (!placed) throw this.refusal(here, "current", lane);
+          decode = this.holdDecode(placed.replica, decodeTokens, call.maxTokens, undefined)!;
+        }
         return await this.runDecode(call, decode, handover, prefillAdmittedAt);
       } catch (error) {
         if (error instanceof Refusal) this.wasted(prefill, uncached, error.reason);
@@ -192,27 +241,117 @@ export class DisaggregatedPath {
     }
   }
 
-  /** The decode replica with room for the call (by `check`), or a 429 `decode_budget_exhausted`. */
-  private placeDecode(
-    demand: DecodeDemand,
+  /**
+   * Waits, before the prefill, until a decode replica has room for the call
+   * (by `check`), in arrival order; refuses 429 `decode_budget_exhausted` when
+   * the wait queue is full or the lane's residence limit passes first.
+   */
+  private awaitDecode(
+    demand: () => DecodeDemand,
     check: DecodeCheck,
     lane: Lane,
-  ): { replica: ReplicaRuntime; arrivalInMs: number; creditTokens: number } {
+    signal: AbortSignal | undefined,
+  ): Promise<PlacedDecode> {
+    signal?.throwIfAborted();
+    // A call that fits goes at once, even past waiting ones: a large call at the head must not hold back
+    // small ones that fit (it waits for room at most its lane's residence time).
+    const placed = this.place(demand(), check);
+    if (placed) return Promise.resolve(placed);
+    if (this.waiters.length >= this.waitLimit()) return Promise.reject(this.refusal(demand(), check, lane));
+    const maxWaitMs = this.ctx.config.lanes[lane].maxResidenceMs ?? LANE_DEFAULTS[lane].maxResidenceMs;
+    return new Promise<PlacedDecode>((resolve, reject) => {
+      const leave = () => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) this.waiters.splice(i, 1);
+        waiter.settle();
+      };
+      const onAbort = () => {
+        leave();
+        reject(signal!.reason);
+      };
+      const cancelTimer = this.ctx.clock.setTimeout(() => {
+        leave();
+        reject(this.refusal(demand(), check, lane, maxWaitMs));
+      }, maxWaitMs);
+      const waiter: DecodeWaiter = {
+        lane,
+        demand,
+        check,
+        resolve,
+        settle: () => {
+          cancelTimer();
+          signal?.removeEventListener("abort", onAbort);
+        },
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.waiters.push(waiter);
+      this.armWake();
+    });
+  }
+
+  /** Calls that may wait for decode room: the decode replicas' gate queue limits together (0: none waits). */
+  private waitLimit(): number {
+    let limit = 0;
+    for (const replica of this.ctx.decodeReplicas) {
+      const gate = replica.gate;
+      if (gate) limit += gate.limits().requestQueueLimit * Math.max(1, gate.snapshot().ranks.length);
+    }
+    return limit;
+  }
+
+  /** Lets in every waiting call that finds room: interactive ones first, then bulk, oldest first in each lane. */
+  private wake(): void {
+    for (const lane of ["interactive", "bulk"] as const) {
+      for (const waiter of this.waiters.filter((w) => w.lane === lane)) {
+        const placed = this.place(waiter.demand(), waiter.check);
+        if (!placed) continue;
+        this.waiters.splice(this.waiters.indexOf(waiter), 1);
+        waiter.settle();
+        waiter.resolve(placed);
+      }
+    }
+    if (this.waiters.length > 0) this.armWake();
+  }
+
+  private armWake(): void {
+    if (this.cancelWake) return;
+    this.cancelWake = this.ctx.clock.setTimeout(() => {
+      this.cancelWake = undefined;
+      this.wake();
+    }, DECODE_WAIT_RECHECK_MS);
+  }
+
+  /**
+   * The decode replica with room for the call (by `check`); for the predicted
+   * check its hold is taken at once. Undefined when none has room.
+   */
+  private place(demand: DecodeDemand, check: DecodeCheck): PlacedDecode | undefined {
     const now = this.ctx.clock.now();
     const candidates = this.ctx.decodeReplicas.map((replica) => this.candidate(replica, now));
     const choice = chooseDecode(candidates, demand, check);
-    if (choice.replica !== undefined) {
-      const replica = this.ctx.decodeReplicas.find((r) => r.id === choice.replica)!;
-      return { replica, arrivalInMs: choice.room.arrivalInMs, creditTokens: choice.room.creditTokens };
-    }
-    const best = this.ctx.decodeReplicas.find((r) => r.id === choice.bestId);
-    const room = choice.best;
+    if (choice.replica === undefined) return undefined;
+    const replica = this.ctx.decodeReplicas.find((r) => r.id === choice.replica)!;
+    const arrivalInMs = choice.room.arrivalInMs;
+    // The current check holds nothing before the prefill: the call is checked again when it arrives.
+    if (check !== "predicted") return { replica, hold: undefined, arrivalInMs };
+    const hold = this.holdDecode(replica, demand.tokens, demand.maxTokens, choice.room.tokens);
+    return hold ? { replica, hold, arrivalInMs } : undefined;
+  }
+
+  /** 429 `decode_budget_exhausted`, with the time the best decode replica needs to free the shortfall. */
+  private refusal(demand: DecodeDemand, check: DecodeCheck, lane: Lane, waitedMs?: number): Refusal {
+    const now = this.ctx.clock.now();
+    const candidates = this.ctx.decodeReplicas.map((replica) => this.candidate(replica, now));
+    const choice = chooseDecode(candidates, demand, check);
+    const room = choice.replica === undefined ? choice.best : choice.room;
+    const bestId = choice.replica ?? choice.bestId;
+    const best = this.ctx.decodeReplicas.find((r) => r.id === bestId);
     const short = room ? Math.max(0, demand.tokens - room.tokens) : demand.tokens;
     let retryAfterSeconds = 1;
     if (best) {
       // The decoding calls that must finish to free the shortfall, at their mean reservation, drained at the measured rate.
-      const counts = this.counts.get(best.id)!;
-      const mean = counts.decoding > 0 ? (best.budget?.reservedActive ?? 0) / counts.decoding : demand.tokens;
+      const ledger = this.ledgers.get(best.id)!;
+      const mean = ledger.decoding > 0 ? ledger.decodingTokens / ledger.decoding : demand.tokens;
       const calls = Math.max(
         room && room.slots < 1 ? 1 - room.slots : 1,
         Math.ceil(short / Math.max(1, mean)),
@@ -220,67 +359,109 @@ export class DisaggregatedPath {
       retryAfterSeconds = best.drainSeconds(calls - 1);
     }
     const what = room
-      ? `the most room predicted is ${Math.max(0, Math.floor(room.tokens))} tokens and ${Math.max(0, room.slots)} batch slot(s) on ${choice.bestId}`
+      ? `the most room predicted is ${Math.max(0, Math.floor(room.tokens))} tokens and ${Math.max(0, room.slots)} batch slot(s) on ${bestId}`
       : "no decode replica is healthy";
-    throw new Refusal(
+    const waited = waitedMs === undefined ? "" : ` after waiting ${waitedMs} ms`;
+    return new Refusal(
       "decode_budget_exhausted",
-      `the call needs ${demand.tokens} tokens of decode KV (input + max_tokens) and a batch slot when its KV arrives; ${what}`,
+      `the call needs ${demand.tokens} tokens of decode KV (input + max_tokens) and a batch slot when its KV arrives; ${what}${waited}`,
       { lane, scope: "fleet", retryAfterSeconds },
     );
   }
 
   private candidate(replica: ReplicaRuntime, now: number): DecodeCandidate {
     const signals = replica.signals;
-    const counts = this.counts.get(replica.id)!;
+    const ledger = this.ledgers.get(replica.id)!;
+    ledger.sync(signals.readAtMs);
     const budget = replica.budget;
     const capacity = budget?.ceiling ?? signals.kvCapacityTokens;
-    const limits = replica.gate?.limits();
     const ranks = Math.max(1, signals.dataParallelSize);
+    const perRank =
+      signals.maxNumSeqs > 0 ? signals.maxNumSeqs : (replica.gate?.limits().engineRequestLimit ?? 1);
     return {
       id: replica.id,
       eligible: replica.healthy(),
       busy: replica.busy(now),
+      capacityTokens: capacity,
       usableTokens: budget ? budget.maxReservable : capacity,
-      comingCalls: counts.coming,
-      comingTokens: budget?.reservedQueued ?? 0,
-      decodingCalls: counts.decoding,
-      decodingTokens: budget?.reservedActive ?? 0,
-      completionsPerSecond: replica.completionRate(),
+      batchSlots: perRank * ranks,
       kvUsage: signals.kvUsage,
       running: signals.running,
-      capacityTokens: capacity,
-      batchSlots:
-        signals.maxNumSeqs > 0 ? signals.maxNumSeqs * ranks : (limits?.engineRequestLimit ?? 1) * ranks,
+      startedSinceScrapeCalls: ledger.startedCalls,
+      startedSinceScrapeTokens: ledger.startedTokens,
+      endedSinceScrapeCalls: ledger.endedCalls,
+      endedSinceScrapeTokens: ledger.endedTokens,
+      comingCalls: ledger.coming,
+      comingTokens: ledger.comingTokens,
+      decodingCalls: ledger.decoding,
+      decodingTokens: ledger.decodingTokens,
+      decodingGrowthTokens: ledger.decodingGrowth,
+      completionsPerSecond: replica.completionRate(),
       transferTokensPerSecond: signals.kvTransferTokensPerSecond ?? 0,
     };
   }
 
-  /** Takes the decode side's reservation (predicted check: before the prefill) and counts the call as coming. */
-  private holdDecode(replica: ReplicaRuntime, tokens: number, creditTokens: number): DecodeHold {
+  /**
+   * Counts the call as coming to `replica`. The predicted check also takes
+   * its reservation in the replica's token budget, up to the room it
+   * predicted (`roomTokens`); undefined when the budget cannot give it.
+   */
+  private holdDecode(
+    replica: ReplicaRuntime,
+    tokens: number,
+    maxTokens: number,
+    roomTokens: number | undefined,
+  ): DecodeHold | undefined {
     let reservation: Reservation | null = null;
-    if (replica.budget && this.decodeCheck === "predicted") {
-      reservation = replica.budget.tryReserve(tokens, { queued: true, creditTokens });
-      if (!reservation) {
-        // chooseDecode found the room; only a budget whose ceiling moved since could say otherwise.
-        throw new Refusal(
-          "decode_budget_exhausted",
-          `decode replica ${replica.id} has no room for ${tokens} tokens`,
-          {
-            scope: "worker",
-            retryAfterSeconds: replica.drainSeconds(1),
-          },
-        );
-      }
+    const budget = replica.budget;
+    if (budget && roomTokens !== undefined) {
+      // The budget counts every reservation as held now; what the prediction frees before the KV arrives is credit.
+      reservation = budget.tryReserve(tokens, {
+        queued: true,
+        creditTokens: Math.max(0, Math.floor(roomTokens) - budget.available()),
+      });
+      if (!reservation) return undefined;
     }
-    this.counts.get(replica.id)!.coming++;
-    return { replica, reservation, counted: "coming" };
+    const ledger = this.ledgers.get(replica.id)!;
+    ledger.coming++;
+    ledger.comingTokens += tokens;
+    return { replica, tokens, maxTokens, reservation, counted: "coming" };
   }
 
+  /** The call's KV arrived on its decode replica: it decodes there now. */
+  private startDecoding(hold: DecodeHold): void {
+    const ledger = this.ledgers.get(hold.replica.id)!;
+    ledger.sync(hold.replica.signals.readAtMs);
+    ledger.coming--;
+    ledger.comingTokens -= hold.tokens;
+    ledger.decoding++;
+    ledger.decodingTokens += hold.tokens;
+    ledger.decodingGrowth += hold.maxTokens;
+    ledger.startedCalls++;
+    // Its prompt; the output it adds is in the growth term.
+    ledger.startedTokens += hold.tokens - hold.maxTokens;
+    hold.counted = "decoding";
+  }
+
+  /** Gives a call's decode hold back; room freed there may let a waiting call in. */
   private releaseDecode(hold: DecodeHold): void {
     hold.reservation?.release();
     hold.reservation = null;
-    if (hold.counted) this.counts.get(hold.replica.id)![hold.counted]--;
+    const ledger = this.ledgers.get(hold.replica.id)!;
+    if (hold.counted === "coming") {
+      ledger.coming--;
+      ledger.comingTokens -= hold.tokens;
+    } else if (hold.counted === "decoding") {
+      ledger.sync(hold.replica.signals.readAtMs);
+      ledger.decoding--;
+      ledger.decodingTokens -= hold.tokens;
+      ledger.decodingGrowth -= hold.maxTokens;
+      ledger.endedCalls++;
+      // At least its prompt left with it (its output too, which the measurement may partly show).
+      ledger.endedTokens += hold.tokens - hold.maxTokens;
+    }
     hold.counted = null;
+    if (this.waiters.length > 0) this.wake();
   }
 
   /** The deadline covers what the client waits for its first token: prefill, then the KV transfer. */
@@ -388,10 +569,7 @@ export class DisaggregatedPath {
       throw error;
     }
     replica.callStarted();
-    const counts = this.counts.get(replica.id)!;
-    counts.coming--;
-    counts.decoding++;
-    hold.counted = "decoding";
+    this.startDecoding(hold);
     const held = this.ctx.holdings({
       replica,
       lane,

@@ -116,8 +116,25 @@ describe("disaggregated prefill and decode", () => {
     await settle(clock, scheduler);
   });
 
-  it("refuses before prefill when no decode replica will have room: 429 decode_budget_exhausted, no prefill spent", async () => {
-    const { clock, prefill, scheduler } = pdFleet({}, 8192);
+  it("holds a call before its prefill until a decode replica will have room for it, then runs it", async () => {
+    const { clock, prefill, decode, scheduler } = pdFleet({}, 8192);
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    const firstDone = drain(first);
+    const second = scheduler.submit(request(tokens(3000, 50_000), 3000));
+    second.catch(() => undefined);
+    await clock.advanceAsync(5000);
+    assert.equal(prefill.sim.stats().prefillTokens, 3000, "the waiting call has cost no prefill");
+    assert.equal(scheduler.idleCheck().reservations, 3, "the first call's two holds, and the waiting call");
+    assert.equal(await run(clock, firstDone), 3000);
+    const admitted = await run(clock, second);
+    assert.equal(await run(clock, drain(admitted)), 3000);
+    assert.equal(prefill.sim.stats().prefillTokens, 6000);
+    assert.equal(decode.sim.stats().preemptions, 0, "the decode replica never ran out of KV");
+    await settle(clock, scheduler);
+  });
+
+  it("refuses before prefill when no decode replica will have room within the lane's wait: 429 decode_budget_exhausted, no prefill spent", async () => {
+    const { clock, prefill, scheduler } = pdFleet({ lanes: { bulk: { maxResidenceMs: 2000 } } }, 8192);
     const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
     const firstDone = drain(first);
     await clock.advanceAsync(1000);
