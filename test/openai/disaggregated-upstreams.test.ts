@@ -120,6 +120,14 @@ describe("sluice serve with a prefill and a decode upstream", () => {
     const pd = server.scheduler.state().disaggregation!;
     assert.equal(pd.refusedAfterPrefill, 1);
     assert.ok(pd.wastedPrefillTokens > 0);
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    assert.match(metrics, /sluice_replica_role_info\{replica="p0",role="prefill"\} 1/);
+    assert.match(metrics, /sluice_replica_role_info\{replica="d0",role="decode"\} 1/);
+    assert.match(
+      metrics,
+      new RegExp(`sluice_disagg_wasted_prefill_tokens_total\\{replica="p0"\\} ${pd.wastedPrefillTokens}`),
+    );
+    assert.match(metrics, /sluice_disagg_refused_after_prefill_total\{reason="unavailable"\} 1/);
     await until(() => idle(server));
   });
 
