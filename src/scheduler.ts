@@ -21,7 +21,7 @@ import {
   type SchedulerConfigInput,
 } from "./config/scheduler-config.js";
 import type { Engine, EngineResult, EngineStream } from "./engine.js";
-import { EngineError, Refusal } from "./errors.js";
+import { Refusal } from "./errors.js";
 import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
 import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
@@ -648,7 +648,7 @@ export class Scheduler {
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;
     try {
-      stream = await replica.engine.generate({
+      stream = await replica.generate({
         requestId: req.requestId,
         model: call.model,
         promptTokens: tokens,
@@ -661,19 +661,6 @@ export class Scheduler {
       });
     } catch (error) {
       unlinkSignal();
-      if (error instanceof Refusal && error.reason === "worker_overloaded") {
-        // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
-        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
-      }
-      if (error instanceof EngineError) {
-        // Unreachable: no call goes there again until it answers a scrape (its sessions move).
-        replica.markUnreachable(this.clock.now());
-        throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
-          retryAfterSeconds: 1,
-          scope: "worker",
-          cause: error,
-        });
-      }
       throw error;
     }
     replica.callStarted();

@@ -14,7 +14,7 @@ import { checkDeadline } from "../budget/feasibility.js";
 import type { Reservation } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { type DecodeCheck, LANE_DEFAULTS, type SchedulerConfig } from "../config/scheduler-config.js";
-import type { EngineCall, EngineResult, EngineStream } from "../engine.js";
+import type { EngineResult, EngineStream } from "../engine.js";
 import { EngineError, Refusal } from "../errors.js";
 import type { Permit } from "../gate/backend-gate.js";
 import { chooseDecode, type DecodeCandidate, type DecodeDemand } from "../routing/decode-placement.js";
@@ -491,7 +491,7 @@ export class DisaggregatedPath {
     let result: EngineResult;
     prefill.callStarted();
     try {
-      const stream = await this.start(prefill, {
+      const stream = await prefill.generate({
         requestId: req.requestId,
         model: call.model,
         promptTokens: call.tokens,
@@ -550,7 +550,7 @@ export class DisaggregatedPath {
     let stream: EngineStream;
     try {
       hold.reservation?.activate();
-      stream = await this.start(replica, {
+      stream = await replica.generate({
         requestId: req.requestId,
         model: call.model,
         promptTokens: call.tokens,
@@ -603,26 +603,6 @@ export class DisaggregatedPath {
       abort,
       holdings,
     });
-  }
-
-  /** Starts an engine call; an engine that cannot be reached is a 503 `unavailable` for this call. */
-  private async start(replica: ReplicaRuntime, engineCall: EngineCall): Promise<EngineStream> {
-    try {
-      return await replica.engine.generate(engineCall);
-    } catch (error) {
-      if (error instanceof Refusal && error.reason === "worker_overloaded") {
-        replica.markBusy(this.ctx.clock.now() + this.ctx.config.routing.busyMarkMs);
-      }
-      if (error instanceof EngineError) {
-        replica.markUnreachable(this.ctx.clock.now());
-        throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
-          retryAfterSeconds: 1,
-          scope: "worker",
-          cause: error,
-        });
-      }
-      throw error;
-    }
   }
 
   private wasted(prefill: ReplicaRuntime, tokens: number, reason: string): void {
