@@ -9,6 +9,7 @@
  * the run, with a chart of decode KV usage over time.
  *
  *   npx tsx bench/pd.ts [--json FILE] [--report FILE.html] [--seed N]
+ *                       [--sessions N] [--agent-rate PER_S] [--chat-rate PER_S]   (default 200, 0.8, 3)
  */
 
 import { mkdirSync, writeFileSync } from "node:fs";
@@ -42,17 +43,27 @@ const ARRIVALS_S = 240;
  * decode legs hold their KV for tens of seconds: with the chat beside them they offer the decode pool
  * somewhat more than its KV holds at once, while the prefill pool has room to spare.
  */
-function agentsSpec(seed: number): AgentsSpec {
+/** The offered load: agent sessions and their arrival rate, and the chat rate. */
+export interface PdLoad {
+  sessions: number;
+  agentRatePerS: number;
+  chatRatePerS: number;
+}
+
+/** The recorded run's load (bench/results/pd.json). */
+export const PD_DEFAULT_LOAD: PdLoad = { sessions: 200, agentRatePerS: 0.8, chatRatePerS: 3 };
+
+function agentsSpec(seed: number, load: PdLoad): AgentsSpec {
   return parseWorkloadSpec(
     {
       kind: "agents",
-      sessions: 200,
+      sessions: load.sessions,
       steps: [3, 6],
       system_prompt_tokens: 2000,
       tool_output_tokens: [2000, 6000],
       output_tokens: [400, 1200],
       tool_wait_s: [1, 5],
-      arrival: { rate_per_s: 0.8 },
+      arrival: { rate_per_s: load.agentRatePerS },
       slo: { ttft_s: 5, tpot_s: 0.1 },
       seed,
     },
@@ -61,13 +72,13 @@ function agentsSpec(seed: number): AgentsSpec {
 }
 
 /** Interactive chat beside them (one-off calls, not retried when refused). */
-function chatSpec(seed: number): MixedSpec {
+function chatSpec(seed: number, load: PdLoad): MixedSpec {
   return parseWorkloadSpec(
     {
       kind: "mixed",
       duration_s: ARRIVALS_S,
       interactive: {
-        rate_per_s: 3,
+        rate_per_s: load.chatRatePerS,
         input_tokens: [500, 3000],
         output_tokens: [100, 400],
         slo: { ttft_s: 2, tpot_s: 0.1 },
@@ -100,9 +111,9 @@ export function mergeWorkloads(name: string, a: Workload, b: Workload): Workload
   };
 }
 
-export function pdWorkload(seed = 1): Workload {
-  const agents = buildAgentsWorkload(agentsSpec(seed), { name: "pd-agents" });
-  const chat = buildMixedWorkload(chatSpec(seed), { name: "pd-chat" });
+export function pdWorkload(seed = 1, load: PdLoad = PD_DEFAULT_LOAD): Workload {
+  const agents = buildAgentsWorkload(agentsSpec(seed, load), { name: "pd-agents" });
+  const chat = buildMixedWorkload(chatSpec(seed, load), { name: "pd-chat" });
   return mergeWorkloads("pd", agents, chat);
 }
 
@@ -203,9 +214,9 @@ export interface PdResult {
 }
 
 export async function runPd(
-  options: { seed?: number; onProgress?: (line: string) => void } = {},
+  options: { seed?: number; load?: PdLoad; onProgress?: (line: string) => void } = {},
 ): Promise<PdResult> {
-  const workload = pdWorkload(options.seed ?? 1);
+  const workload = pdWorkload(options.seed ?? 1, options.load ?? PD_DEFAULT_LOAD);
   const steady: [number, number] = [ARRIVALS_S / 4, ARRIVALS_S];
   const rows: PdRow[] = [];
   const decodeKv: Record<string, [number, number][]> = {};
@@ -297,9 +308,29 @@ function write(path: string, text: string): void {
 
 async function main(): Promise<number> {
   const { values } = parseArgs({
-    options: { json: { type: "string" }, report: { type: "string" }, seed: { type: "string" } },
+    options: {
+      json: { type: "string" },
+      report: { type: "string" },
+      seed: { type: "string" },
+      sessions: { type: "string" },
+      "agent-rate": { type: "string" },
+      "chat-rate": { type: "string" },
+    },
   });
+  const number = (name: string, text: string | undefined, fallback: number): number => {
+    if (text === undefined) return fallback;
+    const value = Number(text);
+    if (!(Number.isFinite(value) && value > 0))
+      throw new RangeError(`--${name} takes a positive number, got ${text}`);
+    return value;
+  };
+  const load: PdLoad = {
+    sessions: Math.round(number("sessions", values.sessions, PD_DEFAULT_LOAD.sessions)),
+    agentRatePerS: number("agent-rate", values["agent-rate"], PD_DEFAULT_LOAD.agentRatePerS),
+    chatRatePerS: number("chat-rate", values["chat-rate"], PD_DEFAULT_LOAD.chatRatePerS),
+  };
   const result = await runPd({
+    load,
     ...(values.seed !== undefined ? { seed: Number(values.seed) } : {}),
     onProgress: (line) => process.stderr.write(`${line}\n`),
   });
