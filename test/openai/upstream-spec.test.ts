@@ -120,6 +120,14 @@ describe("--upstream with a role (disaggregated fleets)", () => {
     });
   });
 
+  it("in SLUICE_UPSTREAM, which separates upstreams with commas, the keys are separated by semicolons", () => {
+    assert.deepEqual(parseUpstreamSpec("role=decode;name=d0;url=http://gpu-3:8000"), {
+      name: "d0",
+      url: "http://gpu-3:8000",
+      role: "decode",
+    });
+  });
+
   it("an unknown role, an unknown key, a repeated key or a missing url is refused with the form expected", () => {
     for (const bad of [
       "role=router,url=http://x:1",

@@ -38,12 +38,13 @@ const FIELDS = "role=prefill|decode|both,name=NAME,url=URL";
 
 /**
  * Reads the key form `role=prefill,name=p0,url=http://…` (keys in any order;
- * `url` required, `name` and `role` optional). A URL holding a comma must use
- * the `NAME=URL` form, with no role.
+ * `url` required, `name` and `role` optional). Keys may also be separated by
+ * `;`, since `SLUICE_UPSTREAM` separates upstreams with commas. A URL holding
+ * a comma or a semicolon must use the `NAME=URL` form, with no role.
  */
 function parseFieldSpec(raw: string, text: string): UpstreamSpec {
   const fields = new Map<string, string>();
-  for (const part of text.split(",")) {
+  for (const part of text.split(/[,;]/)) {
     const eq = part.indexOf("=");
     const key = eq < 0 ? "" : part.slice(0, eq).trim();
     if (!["role", "name", "url"].includes(key) || fields.has(key)) {
@@ -65,7 +66,7 @@ function parseFieldSpec(raw: string, text: string): UpstreamSpec {
 /** Reads `NAME=URL`, a plain `URL` (named after its host:port) or the key form with a role. */
 export function parseUpstreamSpec(raw: string): UpstreamSpec {
   const text = raw.trim();
-  if (/^(role|name|url)=/.test(text) && text.includes(",")) return parseFieldSpec(raw, text);
+  if (/^(role|name|url)=/.test(text) && /[,;]/.test(text)) return parseFieldSpec(raw, text);
   if (/^(role|url)=/.test(text)) return parseFieldSpec(raw, text);
   const named = NAMED.exec(text);
   const name = named ? named[1]!.trim() : undefined;
