@@ -17,6 +17,13 @@ export interface EngineCall {
   stream: boolean;
   /** Aborting it cancels the call at the engine, before or after its first byte. */
   signal: AbortSignal;
+  /**
+   * Disaggregated serving (vLLM's KV connector protocol): on a prefill call,
+   * `{ do_remote_decode: true, … }` asks the engine to keep the prompt's KV for
+   * a decode replica to pull; on the decode call, the parameters the prefill
+   * answered with, so the engine loads that KV instead of computing it.
+   */
+  kvTransferParams?: Readonly<Record<string, unknown>>;
 }
 
 /** A piece of generated output. */
@@ -42,6 +49,8 @@ export interface EngineResult {
   finishReason: FinishReason;
   /** All generated token ids, when known (fed into the router's prefix index). */
   outputTokens?: readonly number[];
+  /** What a prefill call answered in `kv_transfer_params`: the decode call sends it back (disaggregated serving). */
+  kvTransferParams?: Record<string, unknown>;
 }
 
 /**
@@ -81,6 +90,8 @@ export interface EngineSignals {
   dataParallelSize: number;
   /** Prefill throughput the engine states or was calibrated with (tokens/s), when known. */
   prefillTokensPerSecond?: number;
+  /** A decode replica's KV transfer rate from prefill replicas (tokens/s), stated or measured, when known. */
+  kvTransferTokensPerSecond?: number;
   /**
    * Which engine profile the adapter recognised (`vllm-v1`, `sglang-legacy`, …),
    * when it reads another system's metrics; absent for engines that report themselves.
@@ -116,10 +127,19 @@ export interface EngineSignals {
   hostLoadTokensPerSecond?: number;
 }
 
+/**
+ * What a replica does in a disaggregated fleet: `prefill` computes prompts and
+ * hands their KV over, `decode` receives it and generates, `both` (every
+ * replica of a fleet that is not disaggregated) does the whole call.
+ */
+export type ReplicaRole = "prefill" | "decode" | "both";
+
 /** A replica: the scheduler forwards admitted calls to it and reads its signals. */
 export interface Engine {
   /** Stable replica id, used as the `replica`/`worker` label. */
   readonly id: string;
+  /** Its role in a disaggregated fleet; absent means `both`. */
+  readonly role?: ReplicaRole;
   /** Model names this replica serves. */
   models(): readonly string[];
   /**

@@ -12,6 +12,7 @@ export type RefusalReason =
   | "queue_full"
   | "queue_timeout"
   | "token_budget_exhausted"
+  | "decode_budget_exhausted"
   | "deadline_infeasible"
   | "session_queue_full"
   | "rate_limited"
@@ -66,6 +67,8 @@ export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   queue_full: 429,
   queue_timeout: 429,
   token_budget_exhausted: 429,
+  // A disaggregated fleet's decode pool is predicted to have no room when the call's KV would arrive.
+  decode_budget_exhausted: 429,
   deadline_infeasible: 429,
   session_queue_full: 429,
   rate_limited: 429,

@@ -21,7 +21,7 @@ import {
   type SchedulerConfigInput,
 } from "./config/scheduler-config.js";
 import type { Engine, EngineResult, EngineStream } from "./engine.js";
-import { EngineError, Refusal } from "./errors.js";
+import { Refusal } from "./errors.js";
 import type { BackendGate, Permit } from "./gate/backend-gate.js";
 import { GateRejection } from "./gate/gate-errors.js";
 import { blockHashesFrom, extendBlockHashes } from "./routing/block-hash.js";
@@ -34,6 +34,7 @@ import {
   predictTtftMs,
 } from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
+import { DisaggregatedPath } from "./scheduler/disaggregated-path.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
 import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
@@ -134,6 +135,8 @@ export class Scheduler {
   /** What the per-replica window control reads and reports through. */
   private readonly windowContext: WindowControlContext;
   private cancelTick: Cancel | undefined;
+  /** The two-call path of a fleet of prefill and decode replicas; null for one pool. */
+  private readonly disaggregated: DisaggregatedPath | null;
   private running = false;
   private accepting = true;
 
@@ -165,6 +168,7 @@ export class Scheduler {
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
+    this.disaggregated = this.disaggregatedPath();
     this.admission = new SessionAdmission({
       clock: this.clock,
       queueLimit: this.config.sessions.queueLimit,
@@ -319,6 +323,8 @@ export class Scheduler {
       check.reservations += holdings.reservations;
       check.queued += holdings.queued;
     }
+    // Calls counted on a decode replica (coming or decoding) hold decode room as reservations do.
+    check.reservations += this.disaggregated?.outstanding() ?? 0;
     const counts = this.admission.counts();
     check.windowSlots = counts.active + counts.paused;
     check.queued += counts.queuedSteps;
@@ -344,6 +350,7 @@ export class Scheduler {
         paused: counts.paused,
       },
       rejections: { ...this.rejections },
+      ...(this.disaggregated ? { disaggregation: this.disaggregated.summary() } : {}),
     };
   }
 
@@ -447,6 +454,12 @@ export class Scheduler {
       });
       if (hashes.length > 0) replica.predictedHitRate.record(decision.predictedHitTokens, call.tokens.length);
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
+      if (this.disaggregated) {
+        return await this.disaggregated.admit(
+          { req, ...call, prefill: replica, uncached, hashes, startedAt },
+          holds,
+        );
+      }
       // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
       const hostHit = decision.predictedHostHitTokens ?? 0;
       holds.reservation = this.reserveBudget(replica, call, uncached + hostHit);
@@ -659,7 +672,7 @@ export class Scheduler {
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;
     try {
-      stream = await replica.engine.generate({
+      stream = await replica.generate({
         requestId: req.requestId,
         model: call.model,
         promptTokens: tokens,
@@ -672,19 +685,6 @@ export class Scheduler {
       });
     } catch (error) {
       unlinkSignal();
-      if (error instanceof Refusal && error.reason === "worker_overloaded") {
-        // A gate in front of the engine (a sidecar) said no for the whole worker: the same busy mark.
-        replica.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
-      }
-      if (error instanceof EngineError) {
-        // Unreachable: no call goes there again until it answers a scrape (its sessions move).
-        replica.markUnreachable(this.clock.now());
-        throw new Refusal("unavailable", `replica ${replica.id} could not be reached: ${error.message}`, {
-          retryAfterSeconds: 1,
-          scope: "worker",
-          cause: error,
-        });
-      }
       throw error;
     }
     replica.callStarted();
@@ -835,8 +835,39 @@ export class Scheduler {
     return eligible.filter((replica) => ids.includes(replica.id));
   }
 
+  /** Replicas a call may be routed to: healthy, serving the model, and not decode-only (decode is placed after). */
   private eligible(model: string): ReplicaRuntime[] {
-    return this.replicas.filter((replica) => replica.healthy() && replica.engine.models().includes(model));
+    return this.replicas.filter(
+      (replica) =>
+        replica.healthy() && replica.engine.models().includes(model) && replica.engine.role !== "decode",
+    );
+  }
+
+  /**
+   * A fleet with prefill or decode replicas runs every call as two (prefill,
+   * then decode); it needs at least one of each, and a `both` replica has no
+   * place in it (it would need two budgets on one KV).
+   */
+  private disaggregatedPath(): DisaggregatedPath | null {
+    const roles = this.replicas.map((replica) => replica.engine.role ?? "both");
+    if (roles.every((role) => role === "both")) return null;
+    for (const needed of ["prefill", "decode"] as const) {
+      if (!roles.includes(needed)) {
+        throw new RangeError(`a fleet with prefill or decode replicas needs a ${needed} replica, got none`);
+      }
+    }
+    if (roles.includes("both")) {
+      throw new RangeError("a fleet of prefill and decode replicas takes no replica of role both");
+    }
+    return new DisaggregatedPath({
+      clock: this.clock,
+      config: this.config,
+      decodeReplicas: this.replicas.filter((replica) => replica.engine.role === "decode"),
+      passGate: (req, replica, lane, uncached) => this.passGate(req, replica, lane, uncached),
+      holdings: (held) => this.holdings(held),
+      recordPrefix: (replica, hashes) => replica.index?.record(replica.id, hashes),
+      emit: (name, event) => this.emit(name, event),
+    });
   }
 
   private resolveModel(model: string | undefined): string {
@@ -990,8 +1021,10 @@ export class Scheduler {
       queued: snapshot?.lanes?.[lane]?.queued ?? 0,
       oldestAgeMs: snapshot?.lanes?.[lane]?.oldestAgeMs ?? 0,
     });
+    const role = replica.engine.role;
     return {
       id: replica.id,
+      ...(role === "prefill" || role === "decode" ? { role } : {}),
       healthy: replica.healthy(),
       busy: replica.busy(now),
       signals: {

@@ -110,6 +110,8 @@ export type RouteReason = "pinned" | "prefix" | "load" | "affinity_break";
 /** Per-replica part of `/v1/admin/state`. */
 export interface ReplicaState {
   id: string;
+  /** Its role in a disaggregated fleet; absent for `both`. */
+  role?: "prefill" | "decode";
   healthy: boolean;
   /** A worker-wide gate rejection marked it busy (no new calls for 1 s). */
   busy: boolean;
@@ -201,6 +203,13 @@ export interface AdminState {
   sessions: { total: number; waiting: number; active: number; idle: number; dormant: number; paused: number };
   /** Cumulative refusals by reason. */
   rejections: Record<string, number>;
+  /** Present for a disaggregated fleet (prefill and decode replicas). */
+  disaggregation?: {
+    decodeCheck: "predicted" | "current" | "none";
+    /** Calls refused or failed after their prefill ran, and the uncached prefill tokens they had cost. */
+    refusedAfterPrefill: number;
+    wastedPrefillTokens: number;
+  };
 }
 
 export type CallOutcome = "ok" | "error" | "cancelled";
@@ -210,6 +219,11 @@ export interface SchedulerEvents {
   /** A call passed validation and was tokenized and classified. */
   arrival?(e: { lane: LaneClass; inputTokens: number; maxTokens: number }): void;
   refusal?(e: { reason: string; lane: LaneClass | undefined; status: number }): void;
+  /**
+   * Disaggregated fleets: a call was refused (or failed) after its prefill ran, so
+   * that prefill's uncached tokens were computed for nothing. Optional.
+   */
+  wastedPrefill?(e: { replica: string; tokens: number; reason: string }): void;
   route?(e: { replica: string; reason: RouteReason; predictedHitTokens: number; promptTokens: number }): void;
   admitted?(e: { lane: Lane; replica: string; queueWaitMs: number }): void;
   firstToken?(e: { lane: Lane; replica: string; ttftMs: number }): void;

@@ -19,6 +19,7 @@ import {
   resolveUpstreams,
   UpstreamSpecError,
 } from "../engines/openai/upstream-spec.js";
+import { simPdFleet } from "../engines/sim/pd-fleet.js";
 import { DEFAULT_PRESET, PRESETS, type PresetName, type PresetOverrides } from "../engines/sim/presets.js";
 import { SimEngine } from "../engines/sim/sim-engine.js";
 import { ApiKeys } from "../http/api-keys.js";
@@ -68,6 +69,13 @@ export interface ServeOptions {
   engines?: Engine[];
   /** Simulated replicas when there is no upstream. Default 2. */
   simReplicas?: number;
+  /**
+   * A disaggregated simulated fleet instead: this many `prefill` replicas
+   * beside `simDecodeReplicas` `decode` ones (both ≥ 1 when either is given;
+   * `simReplicas` is then ignored).
+   */
+  simPrefillReplicas?: number;
+  simDecodeReplicas?: number;
   /** Preset (or overrides) of the simulated replicas. Default `h100-llama3-8b`. */
   simPreset?: PresetName | PresetOverrides;
   /** Host-memory KV tier of each simulated rank, tokens; 0 or absent: none. */
@@ -137,6 +145,7 @@ async function buildEngines(
         new OpenAIUpstreamEngine({
           baseUrl: spec.url,
           id: spec.name,
+          ...(spec.role !== undefined ? { role: spec.role } : {}),
           ...(spec.kvCapacityTokens !== undefined ? { kvCapacityTokens: spec.kvCapacityTokens } : {}),
         }),
     );
@@ -162,12 +171,21 @@ async function buildEngines(
         hostKvTokens: options.simHostKvTokens,
       }
     : chosen;
+  const presetName =
+    typeof preset === "string" ? preset : `${preset.base ?? DEFAULTS.simPreset} (overridden)`;
+  if (options.simPrefillReplicas !== undefined || options.simDecodeReplicas !== undefined) {
+    const engines = simPdFleet(options.simPrefillReplicas ?? 0, options.simDecodeReplicas ?? 0, (spec) => {
+      return new SimEngine({ ...spec, clock: realClock, preset });
+    });
+    return {
+      engines,
+      description: `${options.simPrefillReplicas} prefill + ${options.simDecodeReplicas} decode simulated replica(s) ${presetName}`,
+    };
+  }
   const engines = Array.from(
     { length: count },
     (_, i) => new SimEngine({ id: `sim-${i}`, clock: realClock, preset }) as Engine,
   );
-  const presetName =
-    typeof preset === "string" ? preset : `${preset.base ?? DEFAULTS.simPreset} (overridden)`;
   return { engines, description: `${count} simulated replica(s) ${presetName}` };
 }
 
@@ -501,9 +519,9 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     path: "upstreams",
     topic: ENGINES,
     schema: z.array(z.string().refine((text) => parses(() => parseUpstreamSpec(text)))),
-    placeholder: "<[name=]url>",
-    expects: "an http(s) URL, optionally as NAME=URL",
-    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); none: simulated replicas",
+    placeholder: "<[name=]url|role=…,name=…,url=…>",
+    expects: "an http(s) URL, optionally as NAME=URL or role=prefill|decode|both,name=NAME,url=URL",
+    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); role=prefill|decode makes a disaggregated fleet (docs/disaggregated.md); none: simulated replicas",
   }),
   defineSetting({
     flag: "kv-capacity-tokens",
@@ -537,6 +555,22 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     topic: ENGINES,
     schema: z.number().int().positive().default(DEFAULTS.simReplicas),
     help: "simulated replicas when there is no upstream",
+  }),
+  defineSetting({
+    flag: "sim-prefill-replicas",
+    path: "simPrefillReplicas",
+    topic: ENGINES,
+    schema: z.number().int().positive(),
+    defaultText: "none: one pool",
+    help: "simulated prefill replicas of a disaggregated fleet, beside --sim-decode-replicas (docs/disaggregated.md)",
+  }),
+  defineSetting({
+    flag: "sim-decode-replicas",
+    path: "simDecodeReplicas",
+    topic: ENGINES,
+    schema: z.number().int().positive(),
+    defaultText: "none: one pool",
+    help: "simulated decode replicas of a disaggregated fleet, beside --sim-prefill-replicas",
   }),
   defineSetting({
     flag: "sim-host-kv-tokens",

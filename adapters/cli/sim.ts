@@ -2,6 +2,7 @@
 
 import { z } from "zod";
 import { defineSetting, type Setting } from "../../src/config/settings.js";
+import type { ReplicaRole } from "../../src/engine.js";
 import { startSimServer } from "../engines/sim/http-server.js";
 import type { SimParams } from "../engines/sim/presets.js";
 import { DEFAULT_PRESET, PRESETS, type PresetName } from "../engines/sim/presets.js";
@@ -48,6 +49,14 @@ export const SIM_SETTINGS: readonly Setting[] = [
     placeholder: "<name>",
     defaultText: "per preset",
   }),
+  simSetting(
+    "role",
+    "role",
+    REPLICA,
+    z.enum(["prefill", "decode", "both"]).default("both"),
+    "role in a disaggregated fleet: prefill answers kv_transfer_params, decode pulls the KV they name (docs/disaggregated.md)",
+    { placeholder: "<prefill|decode|both>" },
+  ),
   simSetting(
     "data-parallel-size",
     "dataParallelSize",
@@ -146,6 +155,7 @@ interface SimFlags {
   preset?: PresetName;
   model?: string;
   dataParallelSize?: number;
+  role?: ReplicaRole;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCapacityTokens?: number;
@@ -213,6 +223,7 @@ async function serveSim(
       ...(preset !== undefined ? { preset: { base: preset, ...overrides } } : { preset: overrides }),
       ...(model !== undefined ? { model } : {}),
       ...(dataParallelSize !== undefined ? { dataParallelSize } : {}),
+      ...(flags.role !== undefined ? { role: flags.role } : {}),
       ...(defaultMaxTokens !== undefined ? { defaultMaxTokens } : {}),
       ...(seed !== undefined ? { seed } : {}),
       ...(tokenizer !== undefined ? { tokenizer } : {}),
@@ -229,7 +240,7 @@ async function serveSim(
   }
   const p = server.engine.params;
   stdout(
-    `sluice sim: ${server.engine.model} (${preset ?? DEFAULT_PRESET}, ${server.engine.dataParallelSize} rank(s), ` +
+    `sluice sim: ${server.engine.model} (${preset ?? DEFAULT_PRESET}, ${server.engine.role === "both" ? "" : `${server.engine.role}, `}${server.engine.dataParallelSize} rank(s), ` +
       `${server.engine.blocksPerRank()} blocks of ${p.blockSize} tokens per rank, max_num_seqs ${p.maxNumSeqs}) ` +
       `listening on ${server.url}\n`,
   );

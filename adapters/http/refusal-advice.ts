@@ -69,6 +69,8 @@ function hintFor(refusal: Refusal, facts: RefusalFacts): string | undefined {
         : "";
       return `${state} Retry after Retry-After, or lower max_tokens (the reservation is the uncached prompt plus max_tokens).`.trim();
     }
+    case "decode_budget_exhausted":
+      return "No decode replica is predicted to have KV room and a batch slot when this call's prefill and KV transfer would be done; nothing was computed. Retry after Retry-After, or lower max_tokens (the decode reservation is the prompt plus max_tokens).";
     case "deadline_infeasible":
       return "Not worth retrying unchanged: the same deadline stays out of reach while the replica is this busy. Raise x-sluice-deadline-ms, send the call as bulk (x-sluice-lane: bulk), or shorten the prompt.";
     case "session_queue_full":

@@ -486,7 +486,37 @@ export function createMetrics(
     cacheHits.inc({ replica: e.replica }, Math.max(0, Math.min(e.cachedTokens, e.promptTokens)));
   };
 
+  // Disaggregated fleets: each replica's role, and the prefill spent on calls refused after it.
+  new Gauge({
+    name: "sluice_replica_role_info",
+    help: "Role of a replica in a disaggregated fleet (value 1; role prefill or decode); absent for a fleet of one pool.",
+    labelNames: ["replica", "role"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const replica of snapshot().replicas) {
+        if (replica.role) this.set({ replica: replica.id, role: replica.role }, 1);
+      }
+    },
+  });
+  const wastedPrefill = new Counter({
+    name: "sluice_disagg_wasted_prefill_tokens_total",
+    help: "Uncached prompt tokens prefilled for calls then refused or failed before their decode started, by prefill replica.",
+    labelNames: ["replica"],
+    registers: [registry],
+  });
+  const refusedAfterPrefill = new Counter({
+    name: "sluice_disagg_refused_after_prefill_total",
+    help: "Calls refused or failed after their prefill ran, by reason.",
+    labelNames: ["reason"],
+    registers: [registry],
+  });
+
   const events: SchedulerEvents = {
+    wastedPrefill(e) {
+      wastedPrefill.inc({ replica: e.replica }, Math.max(0, e.tokens));
+      refusedAfterPrefill.inc({ reason: e.reason });
+    },
     arrival(e) {
       inputTokens.observe({ lane: e.lane }, e.inputTokens);
       outputTokens.observe({ lane: e.lane }, e.maxTokens);

@@ -29,6 +29,12 @@ export interface Reservation {
 export interface ReserveOptions {
   /** Reserve for a call that still waits in a queue (counts in `reservedQueued`). Default false. */
   queued?: boolean;
+  /**
+   * Tokens predicted to be released before this reservation is used (a
+   * disaggregated decode reserves for a call whose KV arrives later): the
+   * reservation may exceed `available()` by as much. Default 0.
+   */
+  creditTokens?: number;
 }
 
 /** Options of `TokenBudget.reserveOrRefuse`. */
@@ -131,7 +137,7 @@ export class TokenBudget {
   /** Reserves `tokens` when they fit in `available()`; null otherwise (nothing is held then). */
   tryReserve(tokens: number, options: ReserveOptions = {}): Reservation | null {
     checkTokens("reservation", tokens);
-    if (tokens > this.available()) return null;
+    if (tokens > this.available() + Math.max(0, options.creditTokens ?? 0)) return null;
     return this.grant(tokens, options.queued === true);
   }
 

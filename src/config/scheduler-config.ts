@@ -24,6 +24,10 @@ export type Policy = (typeof POLICIES)[number];
 export const WINDOW_UNITS = ["tokens", "sessions"] as const;
 export type WindowUnit = (typeof WINDOW_UNITS)[number];
 
+/** How a call to a disaggregated fleet is checked against the decode pool (`disaggregation.decodeCheck`). */
+export const DECODE_CHECKS = ["predicted", "current", "none"] as const;
+export type DecodeCheck = (typeof DECODE_CHECKS)[number];
+
 const laneQueue = z.strictObject({
   /** Lane queue limit; undefined follows the gate's request queue limit. */
   queueLimit: nonNegativeInt.optional(),
@@ -110,6 +114,18 @@ export const schedulerConfigSchema = z.strictObject({
       affinityBreakKv: fraction.default(0.85),
       affinityBreakMs: ms.default(5000),
       busyMarkMs: ms.default(1000),
+    })
+    .prefault({}),
+  disaggregation: z
+    .strictObject({
+      /**
+       * How a call to a prefill/decode fleet is checked against the decode pool before its prefill:
+       * `predicted` (decode room and batch slot at the moment its KV will have arrived, counting calls
+       * already admitted), `current` (the decode replicas' KV usage as last measured), `none` (no check
+       * before prefill). With `current` and `none` the call is checked again on current load when it
+       * reaches decode, and one refused there has wasted its prefill. The last two are for comparison.
+       */
+      decodeCheck: z.enum(DECODE_CHECKS).default("predicted"),
     })
     .prefault({}),
   overload: z

@@ -126,6 +126,12 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     help: "predicted TTFT margin over the best alternative that breaks a pin, ms",
   }),
   configSetting({
+    flag: "decode-check",
+    field: "disaggregation.decodeCheck",
+    topic: TOPICS.lanes,
+    help: "prefill/decode fleets: check decode room before prefill on predicted load, current load, or not at all (docs/disaggregated.md)",
+  }),
+  configSetting({
     flag: "window-unit",
     field: "window.unit",
     topic: TOPICS.window,

@@ -6,7 +6,8 @@ import { gateLimitsFromConfig } from "../config/gate-limits.js";
 import type { PolicyFeatures } from "../config/policy-features.js";
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { LANE_DEFAULTS } from "../config/scheduler-config.js";
-import type { Engine, EngineSignals } from "../engine.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream } from "../engine.js";
+import { EngineError, Refusal } from "../errors.js";
 import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
 import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
@@ -55,6 +56,7 @@ export class ReplicaRuntime {
   private readonly completions: DrainEstimator;
   private signalsSeen: EngineSignals;
   private reportedMaxNumSeqs = 0;
+  private readonly clock: Clock;
 
   constructor(
     engine: Engine,
@@ -65,6 +67,7 @@ export class ReplicaRuntime {
   ) {
     this.id = engine.id;
     this.engine = engine;
+    this.clock = clock;
     this.signalsSeen = engine.signals();
     this.completions = new DrainEstimator({ clock });
     const signals = this.signalsSeen;
@@ -97,7 +100,8 @@ export class ReplicaRuntime {
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
     this.tokenWindow = features.window === "tokens" ? this.newTokenWindow(signals.kvCapacityTokens) : null;
-    this.index = features.placement === "prefix" ? fleetIndex : null;
+    // A decode replica of a disaggregated fleet is placed for room, not prefix: it keeps no index.
+    this.index = features.placement === "prefix" && engine.role !== "decode" ? fleetIndex : null;
     this.seesTiers = features.tiers;
     this.indexCapacityBlocks = Math.max(
       1,
@@ -192,6 +196,31 @@ export class ReplicaRuntime {
     return this.runningCalls;
   }
 
+  /**
+   * Starts a call at the engine. A worker-wide refusal from a gate in front of
+   * it (a sidecar) marks the replica busy, as the scheduler's own gate does;
+   * an engine that cannot be reached is a 503 `unavailable` for the call and
+   * unhealthy until it answers a scrape (its sessions move).
+   */
+  async generate(call: EngineCall): Promise<EngineStream> {
+    try {
+      return await this.engine.generate(call);
+    } catch (error) {
+      if (error instanceof Refusal && error.reason === "worker_overloaded") {
+        this.markBusy(this.clock.now() + this.config.routing.busyMarkMs);
+      }
+      if (error instanceof EngineError) {
+        this.markUnreachable(this.clock.now());
+        throw new Refusal("unavailable", `replica ${this.id} could not be reached: ${error.message}`, {
+          retryAfterSeconds: 1,
+          scope: "worker",
+          cause: error,
+        });
+      }
+      throw error;
+    }
+  }
+
   /** A call's uncached prefill waits in the gate queue. */
   queuePrefill(tokens: number): void {
     this.queuedPrefill += tokens;
@@ -273,6 +302,11 @@ export class ReplicaRuntime {
   /** Records a call that ended, for the drain-rate estimate (a gate, where there is one, records its own calls). */
   recordCompletion(): void {
     if (!this.gate) this.completions.record();
+  }
+
+  /** Completions per second over the drain estimator's window (the same rate behind every Retry-After). */
+  completionRate(): number {
+    return this.completions.ratePerSecond();
   }
 
   /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */

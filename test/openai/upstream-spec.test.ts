@@ -101,3 +101,48 @@ describe("describeUpstream", () => {
     );
   });
 });
+
+describe("--upstream with a role (disaggregated fleets)", () => {
+  it("role=…,name=…,url=… in any order; the role is kept, the name and URL read as in NAME=URL", () => {
+    assert.deepEqual(parseUpstreamSpec("role=prefill,name=p0,url=http://gpu-0:8000"), {
+      name: "p0",
+      url: "http://gpu-0:8000",
+      role: "prefill",
+    });
+    assert.deepEqual(parseUpstreamSpec(" url=http://gpu-1:8000 , role=decode "), {
+      name: "gpu-1:8000",
+      url: "http://gpu-1:8000",
+      role: "decode",
+    });
+    assert.deepEqual(parseUpstreamSpec("url=http://gpu-2:8000"), {
+      name: "gpu-2:8000",
+      url: "http://gpu-2:8000",
+    });
+  });
+
+  it("in SLUICE_UPSTREAM, which separates upstreams with commas, the keys are separated by semicolons", () => {
+    assert.deepEqual(parseUpstreamSpec("role=decode;name=d0;url=http://gpu-3:8000"), {
+      name: "d0",
+      url: "http://gpu-3:8000",
+      role: "decode",
+    });
+  });
+
+  it("an unknown role, an unknown key, a repeated key or a missing url is refused with the form expected", () => {
+    for (const bad of [
+      "role=router,url=http://x:1",
+      "role=prefill,host=x,url=http://x:1",
+      "role=prefill,role=decode,url=http://x:1",
+      "role=prefill,name=p0",
+    ]) {
+      assert.throws(
+        () => parseUpstreamSpec(bad),
+        (error: Error) => {
+          assert.ok(error instanceof UpstreamSpecError, bad);
+          assert.match(error.message, /role=prefill\|decode\|both,name=NAME,url=URL/);
+          return true;
+        },
+      );
+    }
+  });
+});

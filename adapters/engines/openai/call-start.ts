@@ -43,6 +43,15 @@ export function upstreamBody(call: EngineCall): Record<string, unknown> {
   if (body.prompt === undefined && body.messages === undefined) {
     if (call.endpoint === "completions") body.prompt = [...call.promptTokens];
   }
+  if (call.kvTransferParams) {
+    body.kv_transfer_params = { ...call.kvTransferParams };
+    if (call.kvTransferParams.do_remote_decode === true) {
+      // A prefill leg, as vLLM's toy proxy sends it (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py):
+      // output floors are not supported there; the decode leg keeps them.
+      delete body.min_tokens;
+      delete body.min_completion_tokens;
+    }
+  }
   if (!call.stream) {
     // A client that does not stream gets one JSON answer: asking the upstream for the same is cheaper than
     // parsing its events, and the permit's waiting part then ends at completion, as SPEC 4 allows.

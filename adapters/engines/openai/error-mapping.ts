@@ -17,6 +17,7 @@ const KNOWN_REASONS: ReadonlySet<string> = new Set<RefusalReason>([
   "queue_full",
   "queue_timeout",
   "token_budget_exhausted",
+  "decode_budget_exhausted",
   "deadline_infeasible",
   "session_queue_full",
   "rate_limited",

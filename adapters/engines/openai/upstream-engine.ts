@@ -7,7 +7,7 @@
  */
 
 import { type Clock, realClock } from "../../../src/clock.js";
-import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../../src/engine.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream, ReplicaRole } from "../../../src/engine.js";
 import { type CallContext, startUpstreamCall } from "./call-start.js";
 import { CallStop } from "./call-stop.js";
 import type { EngineFlavor } from "./engine-profiles.js";
@@ -41,6 +41,8 @@ export interface OpenAIUpstreamOptions {
   maxScrapeBytes?: number;
   /** KV capacity in tokens to use when the engine states none (`--kv-capacity-tokens`); the engine's own figure wins. */
   kvCapacityTokens?: number;
+  /** Its role in a disaggregated fleet (`--upstream role=…`); default `both`. */
+  role?: ReplicaRole;
 }
 
 function positive(name: string, value: number): number {
@@ -82,6 +84,7 @@ function normalizeBaseUrl(raw: string): URL {
  */
 export class OpenAIUpstreamEngine implements Engine {
   readonly id: string;
+  readonly role: ReplicaRole;
   readonly baseUrl: string;
   private readonly transport: UpstreamTransport;
   private readonly presetModels: readonly string[];
@@ -99,6 +102,7 @@ export class OpenAIUpstreamEngine implements Engine {
     const url = normalizeBaseUrl(options.baseUrl);
     this.baseUrl = url.href.replace(/\/$/, "");
     this.id = options.id ?? url.host;
+    this.role = options.role ?? "both";
     const clock = options.clock ?? realClock;
     const scrapeIntervalMs = positive("scrapeIntervalMs", options.scrapeIntervalMs ?? 1000);
     const scrapeTimeoutMs = positive("scrapeTimeoutMs", options.scrapeTimeoutMs ?? 2000);

@@ -1,9 +1,9 @@
 /**
- * @module Named upstreams: `--upstream [NAME=]URL` and `--kv-capacity-tokens [NAME=]N`,
+ * @module Named upstreams: `--upstream [NAME=]URL` (or `role=ROLE,name=NAME,url=URL`) and `--kv-capacity-tokens [NAME=]N`,
  * and the start-up lines that say what sluice made of each upstream's metrics.
  */
 
-import type { EngineSignals } from "../../../src/engine.js";
+import type { EngineSignals, ReplicaRole } from "../../../src/engine.js";
 
 /** One upstream as configured. */
 export interface UpstreamSpec {
@@ -11,6 +11,8 @@ export interface UpstreamSpec {
   name: string;
   /** The upstream's base URL as given. */
   url: string;
+  /** Its role in a disaggregated fleet; absent: `both`. */
+  role?: ReplicaRole;
   /** KV capacity (tokens) to use when the engine states none. */
   kvCapacityTokens?: number;
 }
@@ -31,9 +33,41 @@ export class UpstreamSpecError extends Error {
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const NAMED = /^([^=:/]+)=(.*)$/;
 
-/** Reads `NAME=URL` or a plain `URL`; a plain URL is named after its host:port. */
+const ROLES: readonly ReplicaRole[] = ["prefill", "decode", "both"];
+const FIELDS = "role=prefill|decode|both,name=NAME,url=URL";
+
+/**
+ * Reads the key form `role=prefill,name=p0,url=http://…` (keys in any order;
+ * `url` required, `name` and `role` optional). Keys may also be separated by
+ * `;`, since `SLUICE_UPSTREAM` separates upstreams with commas. A URL holding
+ * a comma or a semicolon must use the `NAME=URL` form, with no role.
+ */
+function parseFieldSpec(raw: string, text: string): UpstreamSpec {
+  const fields = new Map<string, string>();
+  for (const part of text.split(/[,;]/)) {
+    const eq = part.indexOf("=");
+    const key = eq < 0 ? "" : part.slice(0, eq).trim();
+    if (!["role", "name", "url"].includes(key) || fields.has(key)) {
+      throw new UpstreamSpecError("--upstream", FIELDS, raw);
+    }
+    fields.set(key, part.slice(eq + 1).trim());
+  }
+  const url = fields.get("url");
+  if (url === undefined) throw new UpstreamSpecError("--upstream", FIELDS, raw);
+  const role = fields.get("role");
+  if (role !== undefined && !ROLES.includes(role as ReplicaRole)) {
+    throw new UpstreamSpecError("--upstream", `a role of prefill, decode or both (${FIELDS})`, raw);
+  }
+  const name = fields.get("name");
+  const spec = parseUpstreamSpec(name === undefined ? url : `${name}=${url}`);
+  return role === undefined ? spec : { ...spec, role: role as ReplicaRole };
+}
+
+/** Reads `NAME=URL`, a plain `URL` (named after its host:port) or the key form with a role. */
 export function parseUpstreamSpec(raw: string): UpstreamSpec {
   const text = raw.trim();
+  if (/^(role|name|url)=/.test(text) && /[,;]/.test(text)) return parseFieldSpec(raw, text);
+  if (/^(role|url)=/.test(text)) return parseFieldSpec(raw, text);
   const named = NAMED.exec(text);
   const name = named ? named[1]!.trim() : undefined;
   const urlText = named ? named[2]!.trim() : text;

@@ -42,6 +42,7 @@ export class UpstreamStream implements EngineStream {
   private counted = 0;
   private readonly outputTokens: number[] = [];
   private usage: Usage | undefined;
+  private kvTransferParams: Record<string, unknown> | undefined;
   private finish: FinishReason | undefined;
   private readonly seenChoices = new Set<number>();
   private readonly finishedChoices = new Set<number>();
@@ -257,6 +258,8 @@ export class UpstreamStream implements EngineStream {
           ? message.content
           : "";
     this.usage = usageOf(payload.usage);
+    // A prefill's hand-over parameters (vLLM's KV connectors), passed back on the decode call.
+    if (isRecord(payload.kv_transfer_params)) this.kvTransferParams = payload.kv_transfer_params;
     this.finish = mapFinish(first?.finish_reason);
     const tokenCount = this.usage?.completion ?? (out === "" ? 0 : 1);
     this.counted = tokenCount;
@@ -288,6 +291,7 @@ export class UpstreamStream implements EngineStream {
       finishReason,
     };
     if (this.outputTokens.length > 0) result.outputTokens = this.outputTokens;
+    if (this.kvTransferParams) result.kvTransferParams = this.kvTransferParams;
     this.resolveResult(result);
   }
 

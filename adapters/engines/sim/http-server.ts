@@ -6,7 +6,7 @@ import { serve } from "@hono/node-server";
 import { type Context, Hono } from "hono";
 import { createTokenizer } from "../../../adapters/tokenizers/index.js";
 import { type Clock, realClock } from "../../../src/clock.js";
-import type { EngineCall, EngineResult, EngineStream } from "../../../src/engine.js";
+import type { EngineCall, EngineResult, EngineStream, ReplicaRole } from "../../../src/engine.js";
 import { Refusal } from "../../../src/errors.js";
 import { PromptTokenizer } from "../../../src/tokens/prompt-tokenizer.js";
 import type { ChatMessage } from "../../../src/types.js";
@@ -40,6 +40,8 @@ export interface SimServerOptions {
   engine?: Partial<Omit<SimEngineOptions, "id" | "clock">>;
   /** Engine id; default `sim`. */
   id?: string;
+  /** Role in a disaggregated fleet (`prefill`, `decode`); default `both`. */
+  role?: ReplicaRole;
 }
 
 /** A running simulated replica server. */
@@ -194,6 +196,13 @@ export function createSimApp(
         signal,
       };
       if (rank !== undefined) call.rank = rank;
+      const transfer = body.kv_transfer_params;
+      if (transfer !== undefined && transfer !== null) {
+        if (typeof transfer !== "object" || Array.isArray(transfer)) {
+          throw new BadRequest("kv_transfer_params must be an object", 400, "kv_transfer_params");
+        }
+        call.kvTransferParams = transfer as Json;
+      }
       const running = await engine.generate(call);
       const id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`;
       const created = Math.floor(Date.now() / 1000);
@@ -269,6 +278,9 @@ async function fullResponse(
     model,
     choices: [choice],
     usage: usageOf(result),
+    // vLLM returns a prefill's hand-over parameters at the top level of a non-streamed answer
+    // (vllm/entrypoints/openai/protocol.py, `kv_transfer_params` on the completion responses).
+    ...(result.kvTransferParams ? { kv_transfer_params: result.kvTransferParams } : {}),
   };
 }
 
@@ -354,6 +366,7 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
   if (model !== undefined) engineOptions.model = model;
   if (dataParallelSize !== undefined) engineOptions.dataParallelSize = dataParallelSize;
   if (seed !== undefined) engineOptions.seed = seed;
+  if (options.role !== undefined) engineOptions.role = options.role;
   const engine = new SimEngine(engineOptions);
   const appOptions: Parameters<typeof createSimApp>[1] = { prompts: new PromptTokenizer(tokenizer) };
   if (options.defaultMaxTokens !== undefined) appOptions.defaultMaxTokens = options.defaultMaxTokens;

@@ -1,6 +1,6 @@
 /** @module vLLM-named Prometheus metrics of a simulated replica, read from the engine at scrape time. */
 
-import { Counter, Gauge, Registry } from "prom-client";
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import { hostLoadMsPerToken } from "./presets.js";
 import type { SimEngine } from "./sim-engine.js";
 
@@ -23,6 +23,12 @@ import type { SimEngine } from "./sim-engine.js";
  * (`GPU_to_CPU`, `CPU_to_GPU`; the offloading connector's `metrics.py`), and
  * `cache_config_info` labels `kv_offloading_size` (GiB per rank),
  * `kv_offloading_backend` and `num_cpu_blocks` (host blocks per rank).
+ *
+ * In a disaggregated role (`prefill` or `decode`), also what vLLM's NIXL
+ * connector exposes (`NixlPromMetrics` in vllm-project/vllm,
+ * vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py):
+ * `vllm:nixl_xfer_time_seconds` and `vllm:nixl_bytes_transferred`
+ * (histograms; the decode side, which pulls, records them).
  */
 export function createSimRegistry(engine: SimEngine): Registry {
   const registry = new Registry();
@@ -140,6 +146,39 @@ export function createSimRegistry(engine: SimEngine): Registry {
       "Total time measured by all KV offloading operations",
       (t) => t.seconds,
     );
+  }
+  if (engine.role !== "both") {
+    const stats = engine.transfers;
+    // Transfers are observed once each, at the first scrape after they ended.
+    let observed = 0;
+    const observeNew = (read: (t: { seconds: number; bytes: number }) => number, h: Histogram) => {
+      const fresh = Math.min(stats.transfers - observed, stats.recent.length);
+      for (const t of stats.recent.slice(stats.recent.length - fresh)) {
+        h.observe({ model_name: model, engine: "0" }, read(t));
+      }
+    };
+    const seconds: Histogram = new Histogram({
+      name: "vllm:nixl_xfer_time_seconds",
+      help: "Histogram of transfer duration for NIXL KV Cache transfers.",
+      labelNames,
+      // vLLM's buckets for this histogram.
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0],
+      registers: [registry],
+      collect() {
+        observeNew((t) => t.seconds, seconds);
+      },
+    });
+    const bytes: Histogram = new Histogram({
+      name: "vllm:nixl_bytes_transferred",
+      help: "Histogram of bytes transferred per NIXL KV Cache transfers.",
+      labelNames,
+      buckets: [2 ** 20, 2 ** 23, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 32],
+      registers: [registry],
+      collect() {
+        observeNew((t) => t.bytes, bytes);
+        observed = stats.transfers;
+      },
+    });
   }
   const offloadGiB = (p.hostKvTokens * p.kvBytesPerToken) / 2 ** 30;
   new Gauge({

@@ -51,6 +51,11 @@ export interface SimParams {
   tensorParallelSize: number;
   /** Effective host-to-GPU load bandwidth per GPU, GB/s (10⁹ bytes/s). */
   hostLoadGBps: number;
+  /**
+   * Effective KV transfer bandwidth per GPU between a prefill and a decode
+   * replica (disaggregated serving), GB/s: what one GPU's RDMA NIC moves.
+   */
+  kvTransferGBps: number;
 }
 
 /** Any subset of {@link SimParams}, applied on top of a preset. */
@@ -65,6 +70,9 @@ const DEFAULTS = {
   hostKvTokens: 0,
   // PCIe Gen5 x16 moves ~64 GB/s raw; pinned-memory block copies reach ~25 GB/s in practice.
   hostLoadGBps: 25,
+  // A 400 Gb/s NIC per GPU (ConnectX-7, as in DGX H100) carries 50 GB/s raw; NIXL/UCX reads of scattered
+  // 16-token blocks reach about half of it, so 25 GB/s per GPU.
+  kvTransferGBps: 25,
 } as const;
 
 /** Bytes of KV per token, BF16: layers · kv_heads · head_dim · 2 (K and V) · 2 bytes. */
@@ -226,8 +234,10 @@ export function resolveSimParams(
   }
   if (!Number.isInteger(merged.hostKvTokens))
     throw new RangeError(`hostKvTokens should be an integer ≥ 0, got ${merged.hostKvTokens}`);
-  if (!(Number.isFinite(merged.hostLoadGBps) && merged.hostLoadGBps > 0))
-    throw new RangeError(`hostLoadGBps should be a finite number > 0, got ${merged.hostLoadGBps}`);
+  for (const key of ["hostLoadGBps", "kvTransferGBps"] as const) {
+    if (!(Number.isFinite(merged[key]) && merged[key] > 0))
+      throw new RangeError(`${key} should be a finite number > 0, got ${merged[key]}`);
+  }
   if (typeof merged.instant !== "boolean")
     throw new RangeError(`instant should be a boolean, got ${merged.instant}`);
   if (merged.kvCapacityTokens < merged.blockSize) {
@@ -263,6 +273,17 @@ export interface StepShape {
 export function hostLoadMsPerToken(params: SimParams): number {
   if (params.instant) return 0;
   return (params.kvBytesPerToken / params.tensorParallelSize / (params.hostLoadGBps * 1e9)) * 1000;
+}
+
+/**
+ * Time to move one token's KV from a prefill replica to a decode replica, ms:
+ * its bytes split over the TP group's GPUs, each pulling its share over its
+ * own NIC at `kvTransferGBps` (`kvBytesPerToken / tensorParallelSize /
+ * (kvTransferGBps · 10⁹)` s). Zero for the `instant` preset.
+ */
+export function kvTransferMsPerToken(params: SimParams): number {
+  if (params.instant) return 0;
+  return (params.kvBytesPerToken / params.tensorParallelSize / (params.kvTransferGBps * 1e9)) * 1000;
 }
 
 /**

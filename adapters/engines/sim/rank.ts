@@ -388,7 +388,9 @@ export class RankSim {
         // The chain continues in host memory where GPU memory lost it; those blocks are loaded, not computed.
         const gpuHitTokens = hits.length * bs;
         const hostBlocks = this.host ? this.host.matchFrom(call.hashes, hits.length, maxHitBlocks) : 0;
-        const hitTokens = gpuHitTokens + hostBlocks * bs;
+        // KV pulled from a prefill replica is in place at first scheduling (the transfer ran before it queued here).
+        const remote = call.scheduledOnce ? 0 : call.remoteTokens;
+        const hitTokens = Math.max(gpuHitTokens + hostBlocks * bs, remote);
         const n = Math.min(call.numTokens - hitTokens, budget);
         const need = Math.ceil((hitTokens + n) / bs) - hits.length;
         if (need > this.pool.freeBlocks() - this.pool.countFree(hits)) {

@@ -37,6 +37,14 @@ export class SimCall {
   cachedTokens = 0;
   /** Of those, tokens loaded from the host tier. */
   hostCachedTokens = 0;
+  /**
+   * Prompt tokens whose KV a prefill replica computed and sent here
+   * (disaggregated decode): at first scheduling they count as computed. A
+   * preempted call recomputes them, as vLLM does once the pulled blocks are freed.
+   */
+  remoteTokens = 0;
+  /** What a prefill answers in `kv_transfer_params` when it ends as asked (one token, `length`). */
+  kvTransferOut: Record<string, unknown> | undefined;
   scheduledOnce = false;
   preemptions = 0;
   firstTokenMs: number | undefined;
@@ -117,6 +125,8 @@ export class SimCall {
       cachedTokens: this.cachedTokens,
       finishReason,
       outputTokens: this.output,
+      // vLLM's connector hands the KV over only for a prefill that stopped at its length cap.
+      ...(this.kvTransferOut && finishReason === "length" ? { kvTransferParams: this.kvTransferOut } : {}),
     };
   }
 }

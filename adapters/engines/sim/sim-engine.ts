@@ -1,13 +1,15 @@
 /** @module `SimEngine`: the simulated vLLM-like replica behind the `Engine` port, in real or virtual time. */
 
+import type { Cancel } from "../../../src/clock.js";
 import { type Clock, VirtualClock } from "../../../src/clock.js";
-import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../../src/engine.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream, ReplicaRole } from "../../../src/engine.js";
 import { Refusal } from "../../../src/errors.js";
 import type { KvBlockEvent } from "./block-pool.js";
 import { CallStream } from "./call-stream.js";
 import { mixSeed } from "./hash.js";
 import {
   hostLoadMsPerToken,
+  kvTransferMsPerToken,
   PRESET_MODELS,
   type PresetName,
   type PresetOverrides,
@@ -34,6 +36,14 @@ export interface SimEngineOptions extends Partial<SimParams> {
   /** Data-parallel ranks, each with its own batch and KV pool; default 1. */
   dataParallelSize?: number;
   /**
+   * Role in a disaggregated fleet (default `both`). A `prefill` replica answers
+   * a call sent with `kv_transfer_params.do_remote_decode` with the parameters
+   * a decode replica pulls its KV by; a `decode` replica given those
+   * parameters receives the prompt's KV over its link before it queues the
+   * call. Either still serves a plain call whole, as vLLM with a KV connector does.
+   */
+  role?: ReplicaRole;
+  /**
    * Simulate a run of pure-decode steps with one timer when nothing can join
    * the batch before the next completion. Default: on for a `VirtualClock`,
    * off otherwise (in real time every step is its own timer, so chunks
@@ -57,6 +67,19 @@ export interface SimEngineOptions extends Partial<SimParams> {
    * events never mistakes a host block for a GPU one. Must not throw or call back into the engine.
    */
   onHostKvEvent?: (rank: number, event: KvBlockEvent) => void;
+}
+
+/**
+ * KV transfers a decode replica received, as vLLM's NIXL connector counts them
+ * (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`).
+ */
+export interface KvTransferStats {
+  transfers: number;
+  bytes: number;
+  /** Σ time on the link, seconds (the wait for the link excluded). */
+  seconds: number;
+  /** Each transfer's seconds and bytes, for histograms; the latest 4096 only. */
+  recent: { seconds: number; bytes: number }[];
 }
 
 /** Cumulative counters of a simulated replica (all ranks). */
@@ -119,7 +142,14 @@ export class SimEngine implements Engine {
   readonly dataParallelSize: number;
   readonly seed: number;
   readonly clock: Clock;
+  readonly role: ReplicaRole;
+  /** KV transfers received (a decode replica's). */
+  readonly transfers: KvTransferStats = { transfers: 0, bytes: 0, seconds: 0, recent: [] };
   private readonly ranks: RankSim[];
+  /** When this replica's link finishes the transfers already started, clock ms: transfers queue on it. */
+  private linkFreeAt = Number.NEGATIVE_INFINITY;
+  /** Calls whose KV is on the link, with the timer that queues each once it arrived. */
+  private readonly receiving = new Map<SimCall, Cancel>();
   private readonly vocabulary: readonly VocabularyEntry[];
   private readonly active = new Set<SimCall>();
   private closed = false;
@@ -132,6 +162,7 @@ export class SimEngine implements Engine {
       model,
       seed = 0,
       dataParallelSize = 1,
+      role = "both",
       skipDecodeSteps,
       vocabulary = DEFAULT_VOCABULARY,
       onStep,
@@ -152,6 +183,10 @@ export class SimEngine implements Engine {
     if (!Array.isArray(vocabulary) || vocabulary.length === 0) {
       throw new RangeError(`vocabulary should be a non-empty array, got ${JSON.stringify(vocabulary)}`);
     }
+    if (role !== "prefill" && role !== "decode" && role !== "both") {
+      throw new RangeError(`role should be prefill, decode or both, got ${JSON.stringify(role)}`);
+    }
+    this.role = role;
     this.params = resolveSimParams(preset, overrides);
     const presetName = typeof preset === "string" ? preset : (preset?.base ?? "h100-llama3-8b");
     this.id = id;
@@ -232,6 +267,11 @@ export class SimEngine implements Engine {
       stream.end(sim.result("abort"));
       return stream;
     }
+    const transfer = call.kvTransferParams;
+    if (transfer?.do_remote_decode === true && this.role !== "decode") {
+      sim.kvTransferOut = this.kvTransferParamsFor(sim);
+    }
+    const pulls = transfer?.do_remote_prefill === true && this.role !== "prefill";
     if (this.params.instant) {
       this.runInstant(ranker, sim);
       return stream;
@@ -244,8 +284,59 @@ export class SimEngine implements Engine {
       call.signal?.removeEventListener("abort", onAbort);
       this.active.delete(created);
     });
-    ranker.submit(created);
+    if (pulls && promptLen > 1) this.receive(created, ranker);
+    else ranker.submit(created);
     return stream;
+  }
+
+  /**
+   * The parameters a prefill answers with, shaped as vLLM's NIXL connector
+   * returns them from `request_finished` (vllm-project/vllm,
+   * vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): the
+   * decode side pulls the blocks from `remote_host:remote_port`.
+   */
+  private kvTransferParamsFor(sim: SimCall): Record<string, unknown> {
+    return {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: this.id,
+      remote_request_id: sim.requestId,
+      remote_block_ids: Array.from({ length: Math.ceil(sim.promptLen / this.params.blockSize) }, (_, i) => i),
+      remote_host: "127.0.0.1",
+      remote_port: 5600,
+      tp_size: this.params.tensorParallelSize,
+    };
+  }
+
+  /**
+   * A decode call given a prefill's parameters: its prompt's KV (all but the
+   * last token, which vLLM's connector leaves for the decode side to compute)
+   * crosses this replica's link, one transfer after another at
+   * {@link kvTransferMsPerToken}; the call queues once it arrived. Unlike vLLM,
+   * which allocates the blocks before it pulls, the blocks are taken when the
+   * call is scheduled: a full replica delays the call after its transfer, not before.
+   */
+  private receive(sim: SimCall, rank: RankSim): void {
+    const tokens = sim.promptLen - 1;
+    const ms = tokens * kvTransferMsPerToken(this.params);
+    const now = this.clock.now();
+    const start = Math.max(now, this.linkFreeAt);
+    this.linkFreeAt = start + ms;
+    sim.remoteTokens = tokens;
+    const bytes = tokens * this.params.kvBytesPerToken;
+    const cancel = this.clock.setTimeout(
+      () => {
+        this.receiving.delete(sim);
+        this.transfers.transfers++;
+        this.transfers.bytes += bytes;
+        this.transfers.seconds += ms / 1000;
+        this.transfers.recent.push({ seconds: ms / 1000, bytes });
+        if (this.transfers.recent.length > 4096) this.transfers.recent.shift();
+        rank.submit(sim);
+      },
+      start + ms - now,
+    );
+    this.receiving.set(sim, cancel);
   }
 
   /** The rank a call goes to. */
@@ -265,6 +356,15 @@ export class SimEngine implements Engine {
   }
 
   private abortCall(sim: SimCall): void {
+    const receiving = this.receiving.get(sim);
+    if (receiving) {
+      // Still on the link: nothing in the rank to free.
+      receiving();
+      this.receiving.delete(sim);
+      sim.state = "done";
+      sim.stream.end(sim.result("abort"));
+      return;
+    }
     this.ranks[sim.rank]!.abort(sim);
   }
 
@@ -346,6 +446,10 @@ export class SimEngine implements Engine {
       dataParallelSize: this.dataParallelSize,
       prefillTokensPerSecond: prefillTokensPerSecond(this.params) * this.dataParallelSize,
     };
+    if (this.role === "decode") {
+      const msPerToken = kvTransferMsPerToken(this.params);
+      signals.kvTransferTokensPerSecond = msPerToken > 0 ? 1000 / msPerToken : 1e9;
+    }
     if (this.ranks[0]!.host) {
       let hostBlocks = 0;
       let hostUsed = 0;
@@ -440,6 +544,7 @@ export class SimEngine implements Engine {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    for (const sim of [...this.receiving.keys()]) this.abortCall(sim);
     for (const rank of this.ranks) rank.close();
     this.active.clear();
   }

@@ -1,0 +1,621 @@
+/**
+ * @module The request path of a disaggregated fleet (prefill and decode
+ * replicas), after the call was routed to its prefill replica: both budgets
+ * and the deadline are checked before the prefill starts, then the two calls
+ * of vLLM's disaggregated serving run — a prefill with `max_tokens` 1 and
+ * `kv_transfer_params.do_remote_decode`, whose answer's `kv_transfer_params`
+ * the decode call carries (vllm-project/vllm,
+ * tests/v1/kv_connector/nixl_integration/toy_proxy_server.py) — each through
+ * its own replica's gate.
+ */
+
+import { followAbort } from "../abort.js";
+import { checkDeadline } from "../budget/feasibility.js";
+import type { Reservation } from "../budget/token-budget.js";
+import type { Clock } from "../clock.js";
+import { type DecodeCheck, LANE_DEFAULTS, type SchedulerConfig } from "../config/scheduler-config.js";
+import type { EngineResult, EngineStream } from "../engine.js";
+import { EngineError, Refusal } from "../errors.js";
+import type { Permit } from "../gate/backend-gate.js";
+import { chooseDecode, type DecodeCandidate, type DecodeDemand } from "../routing/decode-placement.js";
+import { predictTtftMs } from "../routing/placement.js";
+import type { SessionRecord } from "../sessions/session-admission.js";
+import type { AdmittedCall, CallRequest, Lane, SchedulerEvents } from "../types.js";
+import { AdmittedCallImpl, type CallHoldings } from "./admitted-call.js";
+import type { ReplicaRuntime } from "./replica-runtime.js";
+
+/** What the prefill call sends in `kv_transfer_params`, as vLLM's toy proxy does. */
+export const PREFILL_TRANSFER_REQUEST: Readonly<Record<string, unknown>> = Object.freeze({
+  do_remote_decode: true,
+  do_remote_prefill: false,
+  remote_engine_id: null,
+  remote_block_ids: null,
+  remote_host: null,
+  remote_port: null,
+});
+
+/** The call as routed to its prefill replica. */
+export interface RoutedCall {
+  req: CallRequest;
+  model: string;
+  tokens: readonly number[];
+  maxTokens: number;
+  lane: Lane;
+  session: SessionRecord | undefined;
+  prefill: ReplicaRuntime;
+  /** Uncached prompt tokens on the prefill replica, as the router predicts them. */
+  uncached: number;
+  hashes: string[];
+  /** When admission began (clock ms). */
+  startedAt: number;
+}
+
+/** What the scheduler lends this path: its gate step, its call bookkeeping and its events. */
+export interface DisaggregatedContext {
+  clock: Clock;
+  config: SchedulerConfig;
+  /** Decode replicas of the fleet, in fleet order. */
+  decodeReplicas: readonly ReplicaRuntime[];
+  /** SPEC 2 step 7 on one replica (queues, rejections, busy marks). */
+  passGate(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): Promise<Permit | null>;
+  /** The holdings of an admitted call: what its end gives back (permit, reservation, session step …). */
+  holdings(held: {
+    replica: ReplicaRuntime;
+    lane: Lane;
+    session: SessionRecord | undefined;
+    tokens: readonly number[];
+    hashes: string[];
+    permit: Permit | null;
+    reservation: Reservation | null;
+    uncached: number;
+    admittedAt: number;
+    unlinkSignal: () => void;
+  }): CallHoldings;
+  /** Records the prompt's blocks as held by `replica` (the prefix index), after a prefill. */
+  recordPrefix(replica: ReplicaRuntime, hashes: readonly string[]): void;
+  emit<K extends keyof SchedulerEvents>(name: K, event: Parameters<NonNullable<SchedulerEvents[K]>>[0]): void;
+}
+
+/**
+ * What a decode replica has been promised, by where each call's KV is, and
+ * what changed there since its signals were last read (the measurement does
+ * not show it yet).
+ */
+class DecodeLedger {
+  coming = 0;
+  comingTokens = 0;
+  decoding = 0;
+  decodingTokens = 0;
+  /** Σ max_tokens of the decoding calls: the most their KV may still grow. */
+  decodingGrowth = 0;
+  private scrapeAt = Number.NEGATIVE_INFINITY;
+  startedCalls = 0;
+  startedTokens = 0;
+  endedCalls = 0;
+  endedTokens = 0;
+
+  /** Forgets the changes a newer reading of the replica's signals already shows. */
+  sync(readAtMs: number): void {
+    if (readAtMs === this.scrapeAt) return;
+    this.scrapeAt = readAtMs;
+    this.startedCalls = 0;
+    this.startedTokens = 0;
+    this.endedCalls = 0;
+    this.endedTokens = 0;
+  }
+}
+
+/** A call waiting before its prefill for decode room. */
+interface DecodeWaiter {
+  lane: Lane;
+  /** The demand, recomputed at each look (its prefill's predicted end moves as the prefill queue does). */
+  demand: () => DecodeDemand;
+  check: DecodeCheck;
+  resolve(placed: PlacedDecode): void;
+  /** Stops its timer and signal listener. */
+  settle(): void;
+}
+
+/** Where a call will decode: its hold (taken before prefill by the predicted check) and when its KV arrives. */
+interface PlacedDecode {
+  replica: ReplicaRuntime;
+  hold: DecodeHold | undefined;
+  arrivalInMs: number;
+}
+
+/** How often waiting calls look again for decode room between decode completions, ms (predicted room grows with time). */
+const DECODE_WAIT_RECHECK_MS = 250;
+
+/** Decode-side holds of one call, given back once. */
+interface DecodeHold {
+  replica: ReplicaRuntime;
+  /** The call's KV on decode (input + max_tokens) and its max_tokens, tokens. */
+  tokens: number;
+  maxTokens: number;
+  reservation: Reservation | null;
+  counted: "coming" | "decoding" | null;
+}
+
+/**
+ * The path itself. Mechanics only: which decode replica has room is
+ * `chooseDecode`'s decision (`routing/decode-placement.ts`).
+ */
+export class DisaggregatedPath {
+  readonly decodeCheck: DecodeCheck;
+  private readonly ledgers = new Map<string, DecodeLedger>();
+  private readonly waiters: DecodeWaiter[] = [];
+  private cancelWake: (() => void) | undefined;
+  private refusedAfterPrefillCalls = 0;
+  private wastedTokens = 0;
+
+  constructor(private readonly ctx: DisaggregatedContext) {
+    this.decodeCheck = ctx.config.disaggregation.decodeCheck;
+    for (const replica of ctx.decodeReplicas) this.ledgers.set(replica.id, new DecodeLedger());
+  }
+
+  /** For the admin state. */
+  summary(): { decodeCheck: DecodeCheck; refusedAfterPrefill: number; wastedPrefillTokens: number } {
+    return {
+      decodeCheck: this.decodeCheck,
+      refusedAfterPrefill: this.refusedAfterPrefillCalls,
+      wastedPrefillTokens: this.wastedTokens,
+    };
+  }
+
+  /** Calls counted on decode replicas (coming or decoding) or waiting for decode room: zero once idle. */
+  outstanding(): number {
+    let n = this.waiters.length;
+    for (const ledger of this.ledgers.values()) n += ledger.coming + ledger.decoding;
+    return n;
+  }
+
+  /**
+   * SPEC 2 steps 6–8 for a routed call. The prefill side's reservation and
+   * permit are put in `holds` as they are taken, so the caller's release on
+   * failure covers them; the decode side's are this method's to give back.
+   */
+  async admit(
+    call: RoutedCall,
+    holds: { reservation: Reservation | null; permit: Permit | null; inflight: number },
+  ): Promise<AdmittedCall> {
+    const { req, prefill, uncached, lane } = call;
+    const decodeTokens = call.tokens.length + call.maxTokens;
+    const demand = (): DecodeDemand => ({
+      tokens: decodeTokens,
+      maxTokens: call.maxTokens,
+      transferTokens: Math.max(0, call.tokens.length - 1),
+      prefillDoneInMs: predictTtftMs({
+        uncachedPrefillTokens: uncached,
+        queuedPrefillTokens: prefill.queuedPrefillTokens,
+        inflightPrefillTokens: prefill.inflightPrefillTokens,
+        prefillTokensPerSecond: prefill.prefillRate.rate(),
+        kvUsage: prefill.signals.kvUsage,
+      }),
+    });
+    let decode: DecodeHold | undefined;
+    let arrivalInMs = demand().prefillDoneInMs;
+    if (this.decodeCheck !== "none") {
+      const placed = await this.awaitDecode(demand, this.decodeCheck, lane, req.signal);
+      decode = placed.hold;
+      arrivalInMs = placed.arrivalInMs;
+    }
+    try {
+      // The prefill side's budget: its uncached prompt and the one token it generates.
+      if (prefill.budget) {
+        holds.reservation = prefill.budget.reserveOrRefuse(uncached + 1, {
+          queued: true,
+          lane,
+          callTokens: call.tokens.length + 1,
+          retryAfterSeconds: prefill.drainSeconds(prefill.running),
+        });
+      }
+      this.checkDeadline(req, lane, arrivalInMs, prefill);
+      holds.permit = await this.ctx.passGate(req, prefill, lane, uncached);
+      const prefillAdmittedAt = this.ctx.clock.now();
+      this.ctx.emit("admitted", {
+        lane,
+        replica: prefill.id,
+        queueWaitMs: prefillAdmittedAt - call.startedAt,
+      });
+      const handover = await this.runPrefill(call, holds);
+      holds.permit?.release();
+      holds.permit = null;
+      holds.reservation?.release();
+      holds.reservation = null;
+      try {
+        // Without a predicted hold, the call is checked on current decode load now that it is here.
+        if (!decode) {
+          const here = { ...demand(), prefillDoneInMs: 0 };
+          const placed = this.place(here, "current");
+          if (!placed) throw this.refusal(here, "current", lane);
+          decode = this.holdDecode(placed.replica, decodeTokens, call.maxTokens, undefined)!;
+        }
+        return await this.runDecode(call, decode, handover, prefillAdmittedAt);
+      } catch (error) {
+        if (error instanceof Refusal) this.wasted(prefill, uncached, error.reason);
+        throw error;
+      }
+    } catch (error) {
+      if (decode) this.releaseDecode(decode);
+      throw error;
+    }
+  }
+
+  /**
+   * Waits, before the prefill, until a decode replica has room for the call
+   * (by `check`), in arrival order; refuses 429 `decode_budget_exhausted` when
+   * the wait queue is full or the lane's residence limit passes first.
+   */
+  private awaitDecode(
+    demand: () => DecodeDemand,
+    check: DecodeCheck,
+    lane: Lane,
+    signal: AbortSignal | undefined,
+  ): Promise<PlacedDecode> {
+    signal?.throwIfAborted();
+    // A call that fits goes at once, even past waiting ones: a large call at the head must not hold back
+    // small ones that fit (it waits for room at most its lane's residence time).
+    const placed = this.place(demand(), check);
+    if (placed) return Promise.resolve(placed);
+    if (this.waiters.length >= this.waitLimit()) return Promise.reject(this.refusal(demand(), check, lane));
+    const maxWaitMs = this.ctx.config.lanes[lane].maxResidenceMs ?? LANE_DEFAULTS[lane].maxResidenceMs;
+    return new Promise<PlacedDecode>((resolve, reject) => {
+      const leave = () => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) this.waiters.splice(i, 1);
+        waiter.settle();
+      };
+      const onAbort = () => {
+        leave();
+        reject(signal!.reason);
+      };
+      const cancelTimer = this.ctx.clock.setTimeout(() => {
+        leave();
+        reject(this.refusal(demand(), check, lane, maxWaitMs));
+      }, maxWaitMs);
+      const waiter: DecodeWaiter = {
+        lane,
+        demand,
+        check,
+        resolve,
+        settle: () => {
+          cancelTimer();
+          signal?.removeEventListener("abort", onAbort);
+        },
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.waiters.push(waiter);
+      this.armWake();
+    });
+  }
+
+  /** Calls that may wait for decode room: the decode replicas' gate queue limits together (0: none waits). */
+  private waitLimit(): number {
+    let limit = 0;
+    for (const replica of this.ctx.decodeReplicas) {
+      const gate = replica.gate;
+      if (gate) limit += gate.limits().requestQueueLimit * Math.max(1, gate.snapshot().ranks.length);
+    }
+    return limit;
+  }
+
+  /** Lets in every waiting call that finds room: interactive ones first, then bulk, oldest first in each lane. */
+  private wake(): void {
+    for (const lane of ["interactive", "bulk"] as const) {
+      for (const waiter of this.waiters.filter((w) => w.lane === lane)) {
+        const placed = this.place(waiter.demand(), waiter.check);
+        if (!placed) continue;
+        this.waiters.splice(this.waiters.indexOf(waiter), 1);
+        waiter.settle();
+        waiter.resolve(placed);
+      }
+    }
+    if (this.waiters.length > 0) this.armWake();
+  }
+
+  private armWake(): void {
+    if (this.cancelWake) return;
+    this.cancelWake = this.ctx.clock.setTimeout(() => {
+      this.cancelWake = undefined;
+      this.wake();
+    }, DECODE_WAIT_RECHECK_MS);
+  }
+
+  /**
+   * The decode replica with room for the call (by `check`); for the predicted
+   * check its hold is taken at once. Undefined when none has room.
+   */
+  private place(demand: DecodeDemand, check: DecodeCheck): PlacedDecode | undefined {
+    const now = this.ctx.clock.now();
+    const candidates = this.ctx.decodeReplicas.map((replica) => this.candidate(replica, now));
+    const choice = chooseDecode(candidates, demand, check);
+    if (choice.replica === undefined) return undefined;
+    const replica = this.ctx.decodeReplicas.find((r) => r.id === choice.replica)!;
+    const arrivalInMs = choice.room.arrivalInMs;
+    // The current check holds nothing before the prefill: the call is checked again when it arrives.
+    if (check !== "predicted") return { replica, hold: undefined, arrivalInMs };
+    const hold = this.holdDecode(replica, demand.tokens, demand.maxTokens, choice.room.tokens);
+    return hold ? { replica, hold, arrivalInMs } : undefined;
+  }
+
+  /** 429 `decode_budget_exhausted`, with the time the best decode replica needs to free the shortfall. */
+  private refusal(demand: DecodeDemand, check: DecodeCheck, lane: Lane, waitedMs?: number): Refusal {
+    const now = this.ctx.clock.now();
+    const candidates = this.ctx.decodeReplicas.map((replica) => this.candidate(replica, now));
+    const choice = chooseDecode(candidates, demand, check);
+    const room = choice.replica === undefined ? choice.best : choice.room;
+    const bestId = choice.replica ?? choice.bestId;
+    const best = this.ctx.decodeReplicas.find((r) => r.id === bestId);
+    const short = room ? Math.max(0, demand.tokens - room.tokens) : demand.tokens;
+    let retryAfterSeconds = 1;
+    if (best) {
+      // The decoding calls that must finish to free the shortfall, at their mean reservation, drained at the measured rate.
+      const ledger = this.ledgers.get(best.id)!;
+      const mean = ledger.decoding > 0 ? ledger.decodingTokens / ledger.decoding : demand.tokens;
+      const calls = Math.max(
+        room && room.slots < 1 ? 1 - room.slots : 1,
+        Math.ceil(short / Math.max(1, mean)),
+      );
+      retryAfterSeconds = best.drainSeconds(calls - 1);
+    }
+    const what = room
+      ? `the most room predicted is ${Math.max(0, Math.floor(room.tokens))} tokens and ${Math.max(0, room.slots)} batch slot(s) on ${bestId}`
+      : "no decode replica is healthy";
+    const waited = waitedMs === undefined ? "" : ` after waiting ${waitedMs} ms`;
+    return new Refusal(
+      "decode_budget_exhausted",
+      `the call needs ${demand.tokens} tokens of decode KV (input + max_tokens) and a batch slot when its KV arrives; ${what}${waited}`,
+      { lane, scope: "fleet", retryAfterSeconds },
+    );
+  }
+
+  private candidate(replica: ReplicaRuntime, now: number): DecodeCandidate {
+    const signals = replica.signals;
+    const ledger = this.ledgers.get(replica.id)!;
+    ledger.sync(signals.readAtMs);
+    const budget = replica.budget;
+    const capacity = budget?.ceiling ?? signals.kvCapacityTokens;
+    const ranks = Math.max(1, signals.dataParallelSize);
+    const perRank =
+      signals.maxNumSeqs > 0 ? signals.maxNumSeqs : (replica.gate?.limits().engineRequestLimit ?? 1);
+    return {
+      id: replica.id,
+      eligible: replica.healthy(),
+      busy: replica.busy(now),
+      capacityTokens: capacity,
+      usableTokens: budget ? budget.maxReservable : capacity,
+      batchSlots: perRank * ranks,
+      kvUsage: signals.kvUsage,
+      running: signals.running,
+      startedSinceScrapeCalls: ledger.startedCalls,
+      startedSinceScrapeTokens: ledger.startedTokens,
+      endedSinceScrapeCalls: ledger.endedCalls,
+      endedSinceScrapeTokens: ledger.endedTokens,
+      comingCalls: ledger.coming,
+      comingTokens: ledger.comingTokens,
+      decodingCalls: ledger.decoding,
+      decodingTokens: ledger.decodingTokens,
+      decodingGrowthTokens: ledger.decodingGrowth,
+      completionsPerSecond: replica.completionRate(),
+      transferTokensPerSecond: signals.kvTransferTokensPerSecond ?? 0,
+    };
+  }
+
+  /**
+   * Counts the call as coming to `replica`. The predicted check also takes
+   * its reservation in the replica's token budget, up to the room it
+   * predicted (`roomTokens`); undefined when the budget cannot give it.
+   */
+  private holdDecode(
+    replica: ReplicaRuntime,
+    tokens: number,
+    maxTokens: number,
+    roomTokens: number | undefined,
+  ): DecodeHold | undefined {
+    let reservation: Reservation | null = null;
+    const budget = replica.budget;
+    if (budget && roomTokens !== undefined) {
+      // The budget counts every reservation as held now; what the prediction frees before the KV arrives is credit.
+      reservation = budget.tryReserve(tokens, {
+        queued: true,
+        creditTokens: Math.max(0, Math.floor(roomTokens) - budget.available()),
+      });
+      if (!reservation) return undefined;
+    }
+    const ledger = this.ledgers.get(replica.id)!;
+    ledger.coming++;
+    ledger.comingTokens += tokens;
+    return { replica, tokens, maxTokens, reservation, counted: "coming" };
+  }
+
+  /** The call's KV arrived on its decode replica: it decodes there now. */
+  private startDecoding(hold: DecodeHold): void {
+    const ledger = this.ledgers.get(hold.replica.id)!;
+    ledger.sync(hold.replica.signals.readAtMs);
+    ledger.coming--;
+    ledger.comingTokens -= hold.tokens;
+    ledger.decoding++;
+    ledger.decodingTokens += hold.tokens;
+    ledger.decodingGrowth += hold.maxTokens;
+    ledger.startedCalls++;
+    // Its prompt; the output it adds is in the growth term.
+    ledger.startedTokens += hold.tokens - hold.maxTokens;
+    hold.counted = "decoding";
+  }
+
+  /** Gives a call's decode hold back; room freed there may let a waiting call in. */
+  private releaseDecode(hold: DecodeHold): void {
+    hold.reservation?.release();
+    hold.reservation = null;
+    const ledger = this.ledgers.get(hold.replica.id)!;
+    if (hold.counted === "coming") {
+      ledger.coming--;
+      ledger.comingTokens -= hold.tokens;
+    } else if (hold.counted === "decoding") {
+      ledger.sync(hold.replica.signals.readAtMs);
+      ledger.decoding--;
+      ledger.decodingTokens -= hold.tokens;
+      ledger.decodingGrowth -= hold.maxTokens;
+      ledger.endedCalls++;
+      // At least its prompt left with it (its output too, which the measurement may partly show).
+      ledger.endedTokens += hold.tokens - hold.maxTokens;
+    }
+    hold.counted = null;
+    if (this.waiters.length > 0) this.wake();
+  }
+
+  /** The deadline covers what the client waits for its first token: prefill, then the KV transfer. */
+  private checkDeadline(req: CallRequest, lane: Lane, arrivalInMs: number, prefill: ReplicaRuntime): void {
+    const refusal = checkDeadline({
+      predictedTtftMs: arrivalInMs,
+      deadlineMs: req.deadlineMs,
+      laneDeadlineMs: this.ctx.config.lanes[lane].deadlineMs ?? LANE_DEFAULTS[lane].deadlineMs,
+      lane,
+      retryAfterSeconds: prefill.drainSeconds(prefill.running),
+    });
+    if (refusal) throw refusal;
+  }
+
+  /** The prefill leg: one token, the KV kept for the decode side; resolves with the hand-over parameters. */
+  private async runPrefill(
+    call: RoutedCall,
+    holds: { reservation: Reservation | null; inflight: number },
+  ): Promise<Record<string, unknown>> {
+    const { req, prefill, uncached } = call;
+    holds.reservation?.activate();
+    prefill.startPrefill(uncached);
+    holds.inflight = uncached;
+    const startedAt = this.ctx.clock.now();
+    const abort = new AbortController();
+    const unlink = followAbort(req.signal, abort);
+    let result: EngineResult;
+    prefill.callStarted();
+    try {
+      const stream = await prefill.generate({
+        requestId: req.requestId,
+        model: call.model,
+        promptTokens: call.tokens,
+        maxTokens: 1,
+        endpoint: req.endpoint,
+        ...(req.body ? { body: req.body } : {}),
+        stream: false,
+        signal: abort.signal,
+        kvTransferParams: PREFILL_TRANSFER_REQUEST,
+      });
+      result = await drain(stream);
+    } catch (error) {
+      if (req.signal?.aborted) throw req.signal.reason;
+      if (error instanceof EngineError) {
+        throw new Refusal("unavailable", `prefill replica ${prefill.id} failed: ${error.message}`, {
+          retryAfterSeconds: 1,
+          scope: "worker",
+          cause: error,
+        });
+      }
+      throw error;
+    } finally {
+      unlink();
+      prefill.endPrefill(holds.inflight);
+      holds.inflight = 0;
+      prefill.callEnded();
+      prefill.recordCompletion();
+    }
+    if (req.signal?.aborted) throw req.signal.reason;
+    const elapsed = this.ctx.clock.now() - startedAt;
+    if (uncached > 0 && elapsed > 0) prefill.prefillRate.observe(uncached, elapsed);
+    this.ctx.recordPrefix(prefill, call.hashes);
+    if (!result.kvTransferParams) {
+      throw new Refusal(
+        "unavailable",
+        `prefill replica ${prefill.id} handed no KV over (no kv_transfer_params in its answer: is it started with a KV connector?)`,
+        { retryAfterSeconds: 1, scope: "worker" },
+      );
+    }
+    return result.kvTransferParams;
+  }
+
+  /** The decode leg, through the decode replica's gate; from its start the admitted call owns every hold. */
+  private async runDecode(
+    call: RoutedCall,
+    hold: DecodeHold,
+    handover: Record<string, unknown>,
+    admittedAt: number,
+  ): Promise<AdmittedCall> {
+    const { req, lane } = call;
+    const replica = hold.replica;
+    const gateStart = this.ctx.clock.now();
+    let permit = await this.ctx.passGate(req, replica, lane, 0);
+    const abort = new AbortController();
+    const unlinkSignal = followAbort(req.signal, abort);
+    let stream: EngineStream;
+    try {
+      hold.reservation?.activate();
+      stream = await replica.generate({
+        requestId: req.requestId,
+        model: call.model,
+        promptTokens: call.tokens,
+        maxTokens: call.maxTokens,
+        endpoint: req.endpoint,
+        ...(req.body ? { body: req.body } : {}),
+        stream: req.stream,
+        signal: abort.signal,
+        kvTransferParams: handover,
+        ...(permit?.rank !== undefined ? { rank: permit.rank } : {}),
+      });
+    } catch (error) {
+      unlinkSignal();
+      permit?.release();
+      permit = null;
+      throw error;
+    }
+    replica.callStarted();
+    this.startDecoding(hold);
+    const held = this.ctx.holdings({
+      replica,
+      lane,
+      session: call.session,
+      tokens: call.tokens,
+      hashes: call.hashes,
+      permit,
+      reservation: hold.reservation,
+      uncached: 0,
+      admittedAt,
+      unlinkSignal,
+    });
+    // From here the admitted call gives back the reservation; the count is this path's.
+    hold.reservation = null;
+    const holdings: CallHoldings = {
+      firstToken: () => held.firstToken(),
+      finish: (outcome, result, outputTokens) => {
+        held.finish(outcome, result, outputTokens);
+        this.releaseDecode(hold);
+      },
+    };
+    return new AdmittedCallImpl({
+      requestId: req.requestId,
+      lane,
+      replica: replica.id,
+      queueMs: admittedAt - call.startedAt + (this.ctx.clock.now() - gateStart),
+      inputTokens: call.tokens.length,
+      maxTokens: call.maxTokens,
+      sessionId: call.session?.id,
+      stream,
+      abort,
+      holdings,
+    });
+  }
+
+  private wasted(prefill: ReplicaRuntime, tokens: number, reason: string): void {
+    this.refusedAfterPrefillCalls++;
+    this.wastedTokens += tokens;
+    this.ctx.emit("wastedPrefill", { replica: prefill.id, tokens, reason });
+  }
+}
+
+/** Reads a call to its end and returns its result (the prefill leg's output is one token nobody sees). */
+async function drain(stream: EngineStream): Promise<EngineResult> {
+  for await (const _ of stream) {
+    // The prefill's single token is discarded; the decode leg generates the answer.
+  }
+  return await stream.result;
+}

@@ -1,0 +1,224 @@
+/** @module A fleet of prefill and decode replicas: decode room checked before prefill, two gates, two budgets, nothing leaked. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { SimEngine } from "../../adapters/engines/sim/sim-engine.js";
+import { VirtualClock } from "../../src/clock.js";
+import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../src/engine.js";
+import { EngineError, Refusal } from "../../src/errors.js";
+import { Scheduler } from "../../src/scheduler.js";
+import type { AdmittedCall, CallRequest, SchedulerEvents } from "../../src/types.js";
+
+/** A real simulated replica whose decode calls can be made to fail. */
+class Replica implements Engine {
+  readonly id: string;
+  readonly role;
+  failDecode = false;
+  constructor(readonly sim: SimEngine) {
+    this.id = sim.id;
+    this.role = sim.role;
+  }
+  models(): readonly string[] {
+    return this.sim.models();
+  }
+  generate(call: EngineCall): Promise<EngineStream> {
+    if (this.failDecode && call.kvTransferParams?.do_remote_prefill === true) {
+      return Promise.reject(new EngineError("connection refused"));
+    }
+    return this.sim.generate(call);
+  }
+  signals(): EngineSignals {
+    return this.sim.signals();
+  }
+  contextWindow(): number {
+    return 131_072;
+  }
+}
+
+function pdFleet(config: SchedulerConfigInput = {}, decodeKvTokens = 439_000, events?: SchedulerEvents) {
+  const clock = new VirtualClock();
+  const prefill = new Replica(new SimEngine({ id: "prefill-0", role: "prefill", clock }));
+  const decode = new Replica(
+    new SimEngine({ id: "decode-0", role: "decode", clock, kvCapacityTokens: decodeKvTokens }),
+  );
+  const scheduler = new Scheduler({
+    engines: [prefill, decode],
+    clock,
+    config,
+    ...(events ? { events } : {}),
+  });
+  scheduler.start();
+  return { clock, prefill, decode, scheduler };
+}
+
+function tokens(n: number, offset = 0): number[] {
+  return Array.from({ length: n }, (_, i) => offset + i);
+}
+
+let next = 0;
+function request(prompt: number[], maxTokens: number, extra: Partial<CallRequest> = {}): CallRequest {
+  return {
+    requestId: `req-${next++}`,
+    endpoint: "completions",
+    input: { kind: "tokens", tokens: prompt },
+    maxTokens,
+    stream: true,
+    ...extra,
+  };
+}
+
+async function drain(call: AdmittedCall): Promise<number> {
+  let count = 0;
+  for await (const chunk of call) count += chunk.tokenCount;
+  return count;
+}
+
+async function run<T>(clock: VirtualClock, promise: Promise<T>): Promise<T> {
+  let settled = false;
+  const tracked = promise.finally(() => {
+    settled = true;
+  });
+  tracked.catch(() => undefined);
+  await clock.runAsyncUntil(() => settled, 10_000_000);
+  return tracked;
+}
+
+async function settle(clock: VirtualClock, scheduler: Scheduler): Promise<void> {
+  await scheduler.stop();
+  await clock.runAsyncUntil(() => false, 10_000_000);
+  assert.deepEqual(scheduler.idleCheck(), { permits: 0, reservations: 0, windowSlots: 0, queued: 0 });
+}
+
+describe("disaggregated prefill and decode", () => {
+  it("runs a call as vLLM's two calls: the prefill computes the prompt, the decode receives its KV and generates", async () => {
+    const { clock, prefill, decode, scheduler } = pdFleet();
+    const call = await run(clock, scheduler.submit(request(tokens(3000), 40)));
+    assert.equal(call.replica, "decode-0", "the answer comes from the decode replica");
+    assert.equal(await run(clock, drain(call)), 40);
+    assert.equal(prefill.sim.stats().prefillTokens, 3000);
+    assert.equal(prefill.sim.stats().generationTokens, 1, "the prefill generated its one token only");
+    assert.equal(decode.sim.stats().prefillTokens, 1, "the decode side computed only the last prompt token");
+    assert.equal(decode.sim.transfers.transfers, 1);
+    const state = scheduler.state();
+    assert.deepEqual(
+      state.replicas.map((r) => [r.id, r.role]),
+      [
+        ["prefill-0", "prefill"],
+        ["decode-0", "decode"],
+      ],
+    );
+    assert.deepEqual(state.disaggregation, {
+      decodeCheck: "predicted",
+      refusedAfterPrefill: 0,
+      wastedPrefillTokens: 0,
+    });
+    await settle(clock, scheduler);
+  });
+
+  it("holds a call before its prefill until a decode replica will have room for it, then runs it", async () => {
+    const { clock, prefill, decode, scheduler } = pdFleet({}, 8192);
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    const firstDone = drain(first);
+    const second = scheduler.submit(request(tokens(3000, 50_000), 3000));
+    second.catch(() => undefined);
+    await clock.advanceAsync(5000);
+    assert.equal(prefill.sim.stats().prefillTokens, 3000, "the waiting call has cost no prefill");
+    assert.equal(scheduler.idleCheck().reservations, 3, "the first call's two holds, and the waiting call");
+    assert.equal(await run(clock, firstDone), 3000);
+    const admitted = await run(clock, second);
+    assert.equal(await run(clock, drain(admitted)), 3000);
+    assert.equal(prefill.sim.stats().prefillTokens, 6000);
+    assert.equal(decode.sim.stats().preemptions, 0, "the decode replica never ran out of KV");
+    await settle(clock, scheduler);
+  });
+
+  it("refuses before prefill when no decode replica will have room within the lane's wait: 429 decode_budget_exhausted, no prefill spent", async () => {
+    const { clock, prefill, scheduler } = pdFleet({ lanes: { bulk: { maxResidenceMs: 2000 } } }, 8192);
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    const firstDone = drain(first);
+    await clock.advanceAsync(1000);
+    const before = prefill.sim.stats().prefillTokens;
+    await assert.rejects(
+      run(clock, scheduler.submit(request(tokens(3000, 50_000), 3000))),
+      (error: Refusal) => {
+        assert.ok(error instanceof Refusal);
+        assert.equal(error.reason, "decode_budget_exhausted");
+        assert.equal(error.status, 429);
+        assert.ok(error.retryAfterSeconds! >= 1);
+        return true;
+      },
+    );
+    assert.equal(prefill.sim.stats().prefillTokens, before, "the refused call cost no prefill");
+    assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 0);
+    assert.equal(await run(clock, firstDone), 3000);
+    await settle(clock, scheduler);
+  });
+
+  it("without a decode check the same call is refused after its prefill ran, and its prefill is counted as wasted", async () => {
+    const wasted: number[] = [];
+    const { clock, prefill, scheduler } = pdFleet({ disaggregation: { decodeCheck: "none" } }, 8192, {
+      wastedPrefill: (e) => wasted.push(e.tokens),
+    });
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    const firstDone = drain(first);
+    // Past a control interval: the decode replica's measured KV usage shows the first call.
+    await clock.advanceAsync(2500);
+    const before = prefill.sim.stats().prefillTokens;
+    await assert.rejects(
+      run(clock, scheduler.submit(request(tokens(3000, 50_000), 3000))),
+      (error: Refusal) => {
+        assert.equal(error.reason, "decode_budget_exhausted");
+        return true;
+      },
+    );
+    assert.equal(prefill.sim.stats().prefillTokens - before, 3000, "the prefill ran before the refusal");
+    assert.deepEqual(wasted, [3000]);
+    assert.deepEqual(scheduler.state().disaggregation, {
+      decodeCheck: "none",
+      refusedAfterPrefill: 1,
+      wastedPrefillTokens: 3000,
+    });
+    assert.equal(await run(clock, firstDone), 3000);
+    await settle(clock, scheduler);
+  });
+
+  it("a client that cancels between the two calls (queued at the decode gate) leaves nothing held", async () => {
+    const { clock, decode, scheduler } = pdFleet({ gate: { engineRequestLimit: 1 } });
+    const first = await run(clock, scheduler.submit(request(tokens(1000), 2000)));
+    const firstDone = drain(first);
+    const abort = new AbortController();
+    const second = scheduler.submit(request(tokens(1000, 50_000), 20, { signal: abort.signal }));
+    second.catch(() => undefined);
+    // Its prefill ends well within a second; then it waits for the decode gate, held by the first call.
+    await clock.advanceAsync(1000);
+    assert.equal(scheduler.state().replicas.find((r) => r.id === "decode-0")!.gate.queued, 1);
+    abort.abort();
+    await assert.rejects(run(clock, second), (error: Error) => error.name === "AbortError");
+    assert.equal(decode.sim.transfers.transfers, 1, "only the first call's KV was pulled");
+    assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 0, "a cancel is not a refusal");
+    assert.equal(await run(clock, firstDone), 2000);
+    await settle(clock, scheduler);
+  });
+
+  it("a decode replica that fails after the prefill: 503 unavailable, the prefill counted as wasted, nothing leaked", async () => {
+    const { clock, decode, scheduler } = pdFleet();
+    decode.failDecode = true;
+    await assert.rejects(run(clock, scheduler.submit(request(tokens(2000), 10))), (error: Refusal) => {
+      assert.equal(error.reason, "unavailable");
+      assert.equal(error.status, 503);
+      return true;
+    });
+    assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 2000);
+    await settle(clock, scheduler);
+  });
+
+  it("a fleet with prefill replicas but no decode replica (or a replica of role both among them) is refused at start", () => {
+    const clock = new VirtualClock();
+    const p = new SimEngine({ id: "p", role: "prefill", clock });
+    const b = new SimEngine({ id: "b", clock });
+    const d = new SimEngine({ id: "d", role: "decode", clock });
+    assert.throws(() => new Scheduler({ engines: [p], clock }), /needs a decode replica/);
+    assert.throws(() => new Scheduler({ engines: [p, d, b], clock }), /no replica of role both/);
+  });
+});
