@@ -34,7 +34,7 @@ import {
   predictTtftMs,
 } from "./routing/placement.js";
 import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.js";
-import { DisaggregatedPath } from "./scheduler/disaggregated-path.js";
+import { DisaggregatedPath, type HeldCall } from "./scheduler/disaggregated-path.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
 import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
@@ -719,18 +719,7 @@ export class Scheduler {
     });
   }
 
-  private holdings(held: {
-    replica: ReplicaRuntime;
-    lane: Lane;
-    session: SessionRecord | undefined;
-    tokens: readonly number[];
-    hashes: string[];
-    permit: Permit | null;
-    reservation: Reservation | null;
-    uncached: number;
-    admittedAt: number;
-    unlinkSignal: () => void;
-  }): CallHoldings {
+  private holdings(held: HeldCall): CallHoldings {
     const { replica, lane, session, permit, reservation } = held;
     let firstTokenAt: number | undefined;
     let inflight = held.uncached;

@@ -59,21 +59,24 @@ export interface DisaggregatedContext {
   /** SPEC 2 step 7 on one replica (queues, rejections, busy marks). */
   passGate(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): Promise<Permit | null>;
   /** The holdings of an admitted call: what its end gives back (permit, reservation, session step …). */
-  holdings(held: {
-    replica: ReplicaRuntime;
-    lane: Lane;
-    session: SessionRecord | undefined;
-    tokens: readonly number[];
-    hashes: string[];
-    permit: Permit | null;
-    reservation: Reservation | null;
-    uncached: number;
-    admittedAt: number;
-    unlinkSignal: () => void;
-  }): CallHoldings;
+  holdings(held: HeldCall): CallHoldings;
   /** Records the prompt's blocks as held by `replica` (the prefix index), after a prefill. */
   recordPrefix(replica: ReplicaRuntime, hashes: readonly string[]): void;
   emit<K extends keyof SchedulerEvents>(name: K, event: Parameters<NonNullable<SchedulerEvents[K]>>[0]): void;
+}
+
+/** What an admitted call took on one replica, from which the scheduler builds its {@link CallHoldings}. */
+export interface HeldCall {
+  replica: ReplicaRuntime;
+  lane: Lane;
+  session: SessionRecord | undefined;
+  tokens: readonly number[];
+  hashes: string[];
+  permit: Permit | null;
+  reservation: Reservation | null;
+  uncached: number;
+  admittedAt: number;
+  unlinkSignal: () => void;
 }
 
 /**
