@@ -31,7 +31,13 @@ import {
   type MetricsScheduler,
   type SluiceMetrics,
 } from "../metrics/metrics.js";
-import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import {
+  declaredLaneOf,
+  expectedIdleMsOf,
+  positiveMsOf,
+  SESSION_HEADERS,
+  sessionHeaderOf,
+} from "../openai-api/call-headers.js";
 import { collectCall, sseStream } from "../openai-api/call-response.js";
 import type { ResponseContext } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
@@ -61,16 +67,6 @@ export interface HttpScheduler extends MetricsScheduler {
   state(): AdminState;
   readyReplicas(): number;
 }
-
-/** Session key headers, first present wins (SPEC 7). */
-export const SESSION_HEADERS = [
-  "x-session-id",
-  "x-claude-code-session-id",
-  "x-session-affinity",
-  "session-id",
-  "session_id",
-  "x-dynamo-session-id",
-] as const;
 
 /** Options of `createApp`. */
 export interface AppOptions {
@@ -163,13 +159,8 @@ function routePattern(path: string): RegExp {
 }
 
 function sessionKeyOf(c: Context<Env>): string | undefined {
-  for (const name of SESSION_HEADERS) {
-    const value = c.req.header(name)?.trim();
-    if (value) {
-      return checkSessionId(value, name);
-    }
-  }
-  return undefined;
+  const named = sessionHeaderOf((name) => c.req.header(name));
+  return named ? checkSessionId(named.value, named.name) : undefined;
 }
 
 export function chatInput(body: ChatBody): CallInput {

@@ -1,6 +1,6 @@
 /** @module A batch's input file: OpenAI's JSONL request lines, checked line by line before anything runs. */
 
-import { SESSION_HEADERS } from "../http/app.js";
+import { SESSION_HEADERS } from "../openai-api/call-headers.js";
 import { sessionKeyOfHeaders } from "./call-executor.js";
 import type { BatchValidationError, JobEndpoint, StoredCall } from "./types.js";
 

@@ -1,8 +1,10 @@
 /** @module Runs one stored call through the scheduler, the path an HTTP call takes, and says whether it answered or must wait. */
 
 import { isRetryableStatus, type Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { isSessionId } from "../../src/sessions/session-id.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
-import { chatInput, completionInput, type HttpScheduler, SESSION_HEADERS } from "../http/app.js";
+import { chatInput, completionInput, type HttpScheduler } from "../http/app.js";
+import { sessionHeaderOf } from "../openai-api/call-headers.js";
 import { collectCall } from "../openai-api/call-response.js";
 import {
   type ChatBody,
@@ -50,14 +52,8 @@ export function sessionKeyOfHeaders(headers: Record<string, unknown> | undefined
   if (!headers) return undefined;
   const lower = new Map<string, unknown>();
   for (const [name, value] of Object.entries(headers)) lower.set(name.toLowerCase(), value);
-  for (const name of SESSION_HEADERS) {
-    const value = lower.get(name);
-    if (typeof value === "string" && value.trim() !== "") {
-      const key = value.trim();
-      if (key.length <= 256 && /^[\x21-\x7e]+$/.test(key)) return key;
-    }
-  }
-  return undefined;
+  const key = sessionHeaderOf((name) => lower.get(name))?.value;
+  return isSessionId(key) ? key : undefined;
 }
 
 function answered(status: number, requestId: string, body: unknown, headers: Record<string, string> = {}) {

@@ -10,18 +10,10 @@
 
 import type { NatsConnection, NatsError } from "nats";
 import { Refusal, renderRefusal } from "../../src/errors.js";
+import { isSessionId } from "../../src/sessions/session-id.js";
+import { sessionHeaderOf } from "../openai-api/call-headers.js";
 import { frontendSubject, HEADERS } from "./protocol.js";
 import type { Handover, KvSessionDirectory, TakeoverAnswer } from "./session-directory.js";
-
-/** Session key headers, first present wins (SPEC 7; the HTTP app reads the same list). */
-const SESSION_HEADERS = [
-  "x-session-id",
-  "x-claude-code-session-id",
-  "x-session-affinity",
-  "session-id",
-  "session_id",
-  "x-dynamo-session-id",
-] as const;
 
 const SESSION_PATH = /^\/v1\/sessions\/([^/]+)$/;
 const SESSION_STEP_PATH = /^\/v1\/sessions\/([^/]+)\/chat\/completions$/;
@@ -65,11 +57,9 @@ function stepSessionOf(request: Request, path: string): string | undefined {
   const inPath = SESSION_STEP_PATH.exec(path);
   if (inPath) return decodeSegment(inPath[1]!);
   if (!STEP_PATHS.has(path)) return undefined;
-  for (const name of SESSION_HEADERS) {
-    const value = request.headers.get(name)?.trim();
-    if (value) return value.length <= 256 && /^[\x21-\x7e]+$/.test(value) ? value : undefined;
-  }
-  return undefined;
+  // An invalid key is left to the app, which refuses it naming the header.
+  const key = sessionHeaderOf((name) => request.headers.get(name) ?? undefined)?.value;
+  return isSessionId(key) ? key : undefined;
 }
 
 /** The `id` a `POST /v1/sessions` body asks for (small bodies only; the app validates it). */
@@ -78,9 +68,7 @@ async function requestedSessionId(request: Request): Promise<string | undefined>
   if (!(length > 0 && length <= 65_536)) return undefined;
   try {
     const id = (JSON.parse(await request.clone().text()) as { id?: unknown } | null)?.id;
-    return typeof id === "string" && id.length > 0 && id.length <= 256 && /^[\x21-\x7e]+$/.test(id)
-      ? id
-      : undefined;
+    return isSessionId(id) ? id : undefined;
   } catch {
     return undefined;
   }

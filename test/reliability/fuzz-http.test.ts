@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import fc from "fast-check";
 import { type RunningServer, startServer } from "../../adapters/cli/serve.js";
-import { SESSION_HEADERS } from "../../adapters/http/app.js";
+import { SESSION_HEADERS } from "../../adapters/openai-api/call-headers.js";
 import { type Harness, makeHarness } from "../http/harness.js";
 import {
   assertQuiescent,
