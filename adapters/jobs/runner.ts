@@ -767,11 +767,13 @@ export class JobRunner {
       }
     }
     if (old.length === 0) return;
-    await this.store.removeBatches(old.map(({ batch }) => batch.id));
+    // Files first: a batch already gone never leaves its output readable, and a stop between the two
+    // steps leaves the batch record (forgotten at the next pass), never an orphaned file.
     for (const { batch } of old) {
       for (const id of [batch.output_file_id, batch.error_file_id])
         if (id !== null) await this.store.deleteFile(id);
     }
+    await this.store.removeBatches(old.map(({ batch }) => batch.id));
   }
 
   /** Stops every run without recording it (each runs again after a restart) and waits for them to end. */
