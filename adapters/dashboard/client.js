@@ -463,6 +463,7 @@
     renderEvents();
     renderHeader();
     renderTable();
+    renderEngineTable();
   }
 
   function setChip(id, text, className) {
@@ -572,8 +573,10 @@
       const w = r.window;
       cell(row, r.id);
       cell(row, r.healthy ? (r.busy ? "busy" : "yes") : "NO");
-      cell(row, `${(r.signals.kvUsage * 100).toFixed(1)}%`);
-      cell(row, `${(r.signals.hitRate * 100).toFixed(1)}%`);
+      // A signal the engine does not publish reads "unknown": a 0 here would claim an idle cache.
+      const unread = r.engine ? r.engine.unknown : [];
+      cell(row, unread.includes("kvUsage") ? "unknown" : `${(r.signals.kvUsage * 100).toFixed(1)}%`);
+      cell(row, unread.includes("prefixCache") ? "unknown" : `${(r.signals.hitRate * 100).toFixed(1)}%`);
       cell(row, w.sizeTokens === null ? "—" : String(w.sizeTokens));
       cell(row, w.footprintTokens === null ? "—" : String(w.footprintTokens));
       cell(row, w.size === null ? "—" : String(w.size));
@@ -609,6 +612,55 @@
     if (anyUnplaced) addCountsRow("not on a replica yet", unplaced, "unplaced");
     addCountsRow("total", totals, "total");
     document.getElementById("replica-table").replaceChildren(table);
+  }
+
+  /** What stands behind each replica: its role, the engine profile read from its metrics, and what it does not publish. */
+  function renderEngineTable() {
+    const state = latest;
+    const table = document.createElement("table");
+    const head = document.createElement("tr");
+    for (const name of [
+      "replica",
+      "role",
+      "engine",
+      "KV capacity",
+      "token budget",
+      "not published",
+      "host tier",
+    ]) {
+      const th = document.createElement("th");
+      th.textContent = name;
+      head.appendChild(th);
+    }
+    table.appendChild(head);
+    for (const r of state.replicas) {
+      const row = document.createElement("tr");
+      row.className = "engine";
+      row.dataset.replica = r.id;
+      cell(row, r.id);
+      cell(row, r.role ?? "both");
+      const engine = r.engine;
+      // Simulated replicas report their state directly, so they carry no profile read from a page.
+      cell(row, engine ? engine.profile : "simulated");
+      const capacity = r.signals.kvCapacityTokens;
+      const source = engine ? engine.kvCapacitySource : "engine";
+      cell(row, source === "unknown" ? "unknown" : `${capacity} tok (${source})`);
+      const budgetOn = engine ? engine.tokenBudget : true;
+      cell(row, budgetOn ? "on" : "OFF: capacity unknown");
+      if (!budgetOn) row.classList.add("budget-off");
+      cell(row, engine && engine.unknown.length > 0 ? engine.unknown.join(", ") : "—");
+      const tier = r.hostTier;
+      cell(
+        row,
+        tier
+          ? `${tier.capacityTokens > 0 ? `${tier.capacityTokens} tok` : "size unknown"}` +
+              (tier.usage === undefined ? "" : ` · ${(tier.usage * 100).toFixed(1)}% used`) +
+              ` · ${tier.retainedTokens} tok retained`
+          : "—",
+      );
+      table.appendChild(row);
+    }
+    document.getElementById("engine-table").replaceChildren(table);
   }
 
   function showError(text) {

@@ -42,7 +42,8 @@ svg.chart text { fill: var(--muted); font-size: 11px; }
 table { border-collapse: collapse; width: 100%; font-size: 12px; }
 th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--grid); white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
-#replicas { grid-column: 1 / -1; overflow-x: auto; }
+#replicas, #engines { grid-column: 1 / -1; overflow-x: auto; }
+tr.budget-off td { color: var(--warn); }
 `;
 
 /** Renders the dashboard page with its configuration embedded. */
@@ -121,6 +122,9 @@ export function renderDashboard(options: DashboardOptions): string {
     <p class="note">Window law decisions, pauses and dormancies, overload stage and replica health changes, newest first, with their cause.</p>
     <div id="event-list"></div></section>
   <section class="panel" id="replicas"><h2>Replicas now</h2><div id="replica-table"></div></section>
+  <section class="panel" id="engines"><h2>Engines behind the replicas</h2>
+    <p class="note">Role in a disaggregated fleet, the engine profile read from each upstream's metrics page, where its KV capacity comes from, and the signals it does not publish (read as unknown, never as zero; an unknown capacity leaves the token budget off).</p>
+    <div id="engine-table"></div></section>
 </main>
 <script type="application/json" id="sluice-config">${configJson}</script>
 <script>
