@@ -298,6 +298,32 @@ describe("constructed pages", () => {
     assert.ok(s.unknown.includes("kvCapacityTokens"));
   });
 
+  it("data-parallel cores: num_gpu_blocks is the front end's total, read once; kv_cache_size_tokens is one core's, added up", () => {
+    // vLLM's front end sums the cores' num_gpu_blocks at start-up and prints its one cache config on
+    // every core's line (vllm/v1/engine/core_client.py, vllm/v1/metrics/loggers.py); PR #42206 keeps
+    // kv_cache_size_tokens per core. Two cores of 1000 blocks of 16 tokens each:
+    const derived = parseEngineMetrics(
+      [
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000"} 1.0',
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0',
+      ].join("\n"),
+    );
+    assert.equal(derived?.dataParallelSize, 2);
+    assert.equal(derived?.kvCapacityTokens, 32_000, "2000 blocks × 16, not once per line");
+    assert.equal(derived?.kvCapacitySource, "derived");
+    const stated = parseEngineMetrics(
+      [
+        'vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="15984",num_gpu_blocks="2000"} 1.0',
+        'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="15984",num_gpu_blocks="2000"} 1.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+      ].join("\n"),
+    );
+    assert.equal(stated?.kvCapacityTokens, 2 * 15_984, "each core's own figure, over both cores");
+    assert.equal(stated?.kvCapacitySource, "engine");
+  });
+
   it("a page without a KV gauge reads KV usage as unknown", () => {
     const s = parseEngineMetrics('vllm:num_requests_running{model_name="m"} 2\n');
     assert.ok(s);

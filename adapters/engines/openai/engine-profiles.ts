@@ -240,7 +240,15 @@ function vllmProfile(byName: ByName, declared: ReadonlySet<string>, config: read
  * KV capacity from `vllm:cache_config_info`, one sample per engine core.
  * Newer vLLM states `kv_cache_size_tokens` itself; it is preferred because
  * `num_gpu_blocks × block_size` overstates a hybrid model's pool (mamba state
- * takes part of each block's memory). An engine core that states neither
+ * takes part of each block's memory).
+ *
+ * The two labels count differently across data-parallel engine cores, though
+ * every core's sample carries the front end's one cache config: vLLM's front
+ * end adds up the cores' `num_gpu_blocks` as they report ready ("Sum values
+ * from all engines in DP case", `vllm/v1/engine/core_client.py`), so each
+ * sample already states the total and is read once; `kv_cache_size_tokens`
+ * is a single core's figure, "not summed across DP ranks" (vLLM PR #42206),
+ * so it is added up over the cores. An engine core that states neither
  * leaves the whole capacity unknown rather than understated.
  */
 function vllmCapacity(
@@ -252,22 +260,19 @@ function vllmCapacity(
     const tokens = Math.floor(sum(gauge));
     if (tokens > 0) return { tokens, source: "engine" };
   }
-  let tokens = 0;
-  let derived = false;
+  if (config.length === 0) return { tokens: 0, source: "unknown" };
+  const stated = config.map((info) => intLabel(info, "kv_cache_size_tokens"));
+  if (stated.every((tokens) => tokens !== undefined)) {
+    return { tokens: stated.reduce((total: number, tokens) => total + (tokens ?? 0), 0), source: "engine" };
+  }
+  let total = 0;
   for (const info of config) {
-    const stated = intLabel(info, "kv_cache_size_tokens");
-    if (stated !== undefined) {
-      tokens += stated;
-      continue;
-    }
     const blocks = intLabel(info, "num_gpu_blocks");
     const size = intLabel(info, "block_size");
     if (blocks === undefined || size === undefined) return { tokens: 0, source: "unknown" };
-    tokens += blocks * size;
-    derived = true;
+    total = Math.max(total, blocks * size);
   }
-  if (tokens === 0) return { tokens: 0, source: "unknown" };
-  return { tokens, source: derived ? "derived" : "engine" };
+  return { tokens: total, source: "derived" };
 }
 
 /** The host tier's signals, merged into a page's signals when the page shows one. */
