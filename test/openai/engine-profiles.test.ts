@@ -124,7 +124,11 @@ describe("genuine pages across versions", () => {
   it("DeepSeek-V4's cache config (vLLM #51163): the engine's kv_cache_size_tokens, not blocks × its smallest block", () => {
     const s = read("vllm-dsv4-cache-config-issue51163.prom");
     assert.equal(s.flavor, "vllm");
-    assert.equal(s.profile, "vllm", "one line tells no generation apart, and no mamba label makes it +hybrid");
+    assert.equal(
+      s.profile,
+      "vllm",
+      "one line tells no generation apart, and no mamba label makes it +hybrid",
+    );
     assert.equal(s.kvCapacityTokens, 1_179_770, "as stated; 20377 blocks × 4 would be 81,508");
     assert.equal(s.kvCapacitySource, "engine");
     assert.equal(s.blockSize, 4, "the smallest KV group's block, as the engine states it");
