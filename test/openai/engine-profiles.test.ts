@@ -84,6 +84,20 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "prefixCache"]);
   });
 
+  it("vLLM V0 with --num-gpu-blocks-override (Qwen2-VL #55, August 2024): the overridden blocks are the capacity", () => {
+    const s = read("vllm-v0-qwen2vl-issue55.prom");
+    assert.equal(s.profile, "vllm-v0");
+    assert.equal(s.kvCapacityTokens, 2048 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.kvUsage, 0);
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.dataParallelSize, 1);
+    assert.equal(s.hostKvCapacityTokens, undefined, "num_cpu_blocks 0 without offloading: one tier");
+    assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "preemptions", "prefixCache"]);
+  });
+
   it("vLLM's first cache_config_info line (PR #3100, early 2024): capacity from blocks, the rest unknown", () => {
     const s = read("vllm-0.3-cache-config-pr3100.prom");
     assert.equal(s.profile, "vllm", "one line tells no generation apart");
