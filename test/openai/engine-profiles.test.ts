@@ -271,6 +271,25 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["blockSize", "maxNumSeqs", "preemptions"]);
   });
 
+  it("SGLang 0.5.1 (sglang #13485): one running request, KV usage a measured 0, the cut-off queue gauge unknown", () => {
+    const s = read("sglang-0.5.1-issue13485.prom");
+    assert.equal(s.flavor, "sglang");
+    assert.equal(s.profile, "sglang");
+    assert.equal(s.running, 1);
+    assert.equal(s.kvUsage, 0, "token_usage 0.0: one used token, rounded by the engine");
+    assert.ok(!s.unknown.includes("kvUsage"));
+    assert.equal(s.dataParallelSize, 1, "pp_rank and tp_rank are not data-parallel ranks");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvCapacityTokens",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "waiting",
+    ]);
+  });
+
   it("SGLang with eight data-parallel ranks (aibrix #1614): every rank counts, tp_rank and pid do not merge them", () => {
     const s = read("sglang-dp8-aibrix-issue1614.prom");
     assert.equal(s.dataParallelSize, 8, "ranks 0–7, though no single series in the excerpt shows all eight");
