@@ -411,6 +411,29 @@ describe("constructed pages", () => {
     assert.ok(s.unknown.includes("prefixCache"));
   });
 
+  it("SGLang's names written sglang_… (its router's re-export; some builds, sglang #12618) read as sglang:…", () => {
+    const s = parseEngineMetrics(
+      [
+        "# TYPE sglang_num_running_reqs gauge",
+        'sglang_num_running_reqs{model_name="m",tp_rank="0"} 24.0',
+        'sglang_num_queue_reqs{model_name="m",tp_rank="0"} 3.0',
+        'sglang_token_usage{model_name="m",tp_rank="0"} 0.61',
+        'sglang_max_total_num_tokens{model_name="m",tp_rank="0"} 401294.0',
+      ].join("\n"),
+    );
+    assert.ok(s, "an SGLang page, not another server's");
+    assert.equal(s.flavor, "sglang");
+    assert.equal(s.running, 24);
+    assert.equal(s.waiting, 3);
+    assert.equal(s.kvUsage, 0.61);
+    assert.equal(s.kvCapacityTokens, 401_294);
+    assert.equal(
+      parseEngineMetrics('sglang_gen_throughput{model_name="m"} 1.0\n'),
+      undefined,
+      "no core series",
+    );
+  });
+
   it("SGLang's cached tokens by cache source add up; a `total` source is taken alone", () => {
     const base = [
       'sglang:num_running_reqs{tp_rank="0"} 1',

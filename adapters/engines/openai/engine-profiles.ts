@@ -515,6 +515,20 @@ function nimSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSigna
 
 // --- detection ----------------------------------------------------------------------------------
 
+/**
+ * SGLang's series written `sglang_name` instead of `sglang:name`: so SGLang's
+ * router re-exports its workers' series, and so some SGLang builds printed
+ * their own (sglang issue #12618, "sglang: -> sglang_"; its Grafana dashboard
+ * followed in PR #15758, and later went back). The names mean the same.
+ */
+function withSglangColon(byName: ByName): ByName {
+  const renamed: ByName = new Map();
+  for (const [name, list] of byName) {
+    if (name.startsWith("sglang_")) renamed.set(`sglang:${name.slice("sglang_".length)}`, list);
+  }
+  return renamed;
+}
+
 /** Series that make a page an engine's: a page with only counters or histograms is not enough to act on. */
 const VLLM_CORE = [
   ...VLLM_KV_USAGE,
@@ -543,7 +557,8 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
  *   counters `prefix_cache_{queries,hits}_total` (or their `gpu_` names).
  * - NIM for LLMs: vLLM's names without the prefix, read as vLLM's; `num_request_max` is `max_num_seqs`.
  * - SGLang: capacity is `max_total_num_tokens`; hit rate from
- *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing.
+ *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing;
+ *   names written `sglang_…` are read as `sglang:…`.
  * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
  *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
  * - Data-parallel size = distinct `dp_rank` or `engine` label values over the engine's series (1 when absent).
@@ -557,6 +572,8 @@ export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | 
   const declared = new Set(page.types.keys());
   if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName, declared);
   if (SGLANG_CORE.some((n) => byName.has(n))) return sglangSignals(byName);
+  const sglangUnderscored = withSglangColon(byName);
+  if (SGLANG_CORE.some((n) => sglangUnderscored.has(n))) return sglangSignals(sglangUnderscored);
   if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
     return nimSignals(byName, declared);
   return undefined;
