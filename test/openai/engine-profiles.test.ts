@@ -98,6 +98,26 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "preemptions", "prefixCache"]);
   });
 
+  it("vLLM V0's families declared without a sample (functionary PR #263): a vLLM page whose every signal is unknown", () => {
+    const s = read("vllm-v0-declared-only-functionary-pr263.prom");
+    assert.equal(s.flavor, "vllm");
+    assert.equal(s.profile, "vllm-v0", "gpu_prefix_cache_hit_rate is declared");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.equal(s.kvCapacitySource, "unknown");
+    assert.equal(s.statedHitRate, undefined);
+    assert.equal(s.prefixQueryTokens, 0, "not measured");
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvCapacityTokens",
+      "kvUsage",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
+  });
+
   it("vLLM's first cache_config_info line (PR #3100, early 2024): capacity from blocks, the rest unknown", () => {
     const s = read("vllm-0.3-cache-config-pr3100.prom");
     assert.equal(s.profile, "vllm", "one line tells no generation apart");

@@ -546,8 +546,9 @@ const SGLANG_CORE = [
 const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 
 /**
- * Maps a parsed page to engine signals, or undefined when it carries neither
- * vLLM's, SGLang's nor NIM's core series (a garbage page, or another server's metrics).
+ * Maps a parsed page to engine signals, or undefined when it neither carries
+ * nor declares (`# TYPE`) vLLM's or SGLang's core series, nor carries NIM's (a
+ * garbage page, or another server's metrics).
  *
  * - Counters and request gauges are summed over label sets (several models,
  *   data-parallel ranks); KV usage, a ratio per rank, is averaged; series
@@ -570,8 +571,11 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
   const byName = groupByName(page.samples);
   const declared = new Set(page.types.keys());
-  if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName, declared);
-  if (SGLANG_CORE.some((n) => byName.has(n))) return sglangSignals(byName);
+  // A declared family counts: an engine whose stat logger never recorded prints its families'
+  // # TYPE lines without a sample, and every signal of such a page is unknown, not the page foreign.
+  const carries = (name: string) => byName.has(name) || declared.has(name);
+  if (VLLM_CORE.some(carries)) return vllmSignals(byName, declared);
+  if (SGLANG_CORE.some(carries)) return sglangSignals(byName);
   const sglangUnderscored = withSglangColon(byName);
   if (SGLANG_CORE.some((n) => sglangUnderscored.has(n))) return sglangSignals(sglangUnderscored);
   if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
