@@ -569,6 +569,48 @@ describe("host tiers (constructed pages)", () => {
     assert.equal(sglang?.hostKvCapacityTokens, undefined);
   });
 
+  it("vLLM's external counters never queried, with nothing else of a tier, are one tier: every V1 engine exports them", () => {
+    // vllm/v1/metrics/loggers.py creates vllm:external_prefix_cache_{queries,hits} for every engine
+    // core whether or not a KV connector is configured; without one they stay at 0.
+    const plain = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.ok(plain);
+    assert.equal(plain.hostKvCapacityTokens, undefined, "no host tier");
+    assert.equal(plain.hostPrefixQueryTokens, undefined);
+    assert.ok(!plain.unknown.includes("hostKvCapacityTokens"));
+    const queried = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 512.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.equal(
+      queried?.hostPrefixQueryTokens,
+      512,
+      "a connector that was asked is a tier, even at no hits",
+    );
+    assert.equal(queried?.hostPrefixHitTokens, 0);
+    const offloading = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:cache_config_info{block_size="16",engine="0",kv_offloading_size="8",num_cpu_blocks="None",num_gpu_blocks="1000"} 1',
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.equal(
+      offloading?.hostPrefixQueryTokens,
+      0,
+      "an offloading size shows the tier before its first query",
+    );
+  });
+
   it("SGLang HiCache: host pool size and use per tp_rank counted once, host hits over prompts less device hits", () => {
     const s = parseEngineMetrics(
       [

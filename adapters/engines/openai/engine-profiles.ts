@@ -302,22 +302,28 @@ function positiveLabel(sample: MetricSample, label: string): boolean {
  * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
  * so it is usually unknown); the load rate from the tokens supplied over
  * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`. Undefined
- * when the page shows no second tier: the engine is treated as one tier.
+ * when the page shows no second tier (no offloading size, no transfer time, no
+ * LMCache counters, and external counters never queried): the engine is
+ * treated as one tier.
  */
 function vllmHostTier(
   byName: ByName,
   config: readonly MetricSample[],
   unknown: SignalField[],
 ): HostTierSignals | undefined {
-  const external =
-    counterPair(byName, [
-      ["vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"],
-    ]) ?? counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
+  const connector = counterPair(byName, [
+    ["vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"],
+  ]);
+  const lmcache = counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
+  const external = connector ?? lmcache;
   const offloading = config.filter((s) => positiveLabel(s, "kv_offloading_size"));
   const loadTime = series(byName, "vllm:kv_offload_total_time_total").filter(
     (s) => s.labels.transfer_type?.toUpperCase() === "CPU_TO_GPU",
   );
-  if (!external && offloading.length === 0 && loadTime.length === 0) return undefined;
+  // vLLM (from late 2025, PR #26245) creates its external counters for every engine core, with a
+  // KV connector or without one: never queried, and with nothing else to show a tier, they show none.
+  const connectorQueried = (connector?.queries ?? 0) > 0;
+  if (!connectorQueried && !lmcache && offloading.length === 0 && loadTime.length === 0) return undefined;
   const host: HostTierSignals = {};
   let capacity = 0;
   for (const info of offloading) {
