@@ -454,6 +454,25 @@ describe("constructed pages", () => {
     );
   });
 
+  it("SGLang with priority scheduling: the empty-priority series is the total, its priority buckets are not added to it", () => {
+    // The shape SGLang prints with priority scheduling, as scrapers of it describe it: one series per
+    // priority and one with priority="" holding their total.
+    const s = parseEngineMetrics(
+      [
+        'sglang:num_running_reqs{pp_rank="0",priority="",tp_rank="0"} 14.0',
+        'sglang:num_running_reqs{pp_rank="0",priority="-1",tp_rank="0"} 0.0',
+        'sglang:num_running_reqs{pp_rank="0",priority="0",tp_rank="0"} 14.0',
+        'sglang:num_queue_reqs{pp_rank="0",priority="",tp_rank="0"} 2.0',
+        'sglang:num_queue_reqs{pp_rank="0",priority="-1",tp_rank="0"} 2.0',
+        'sglang:token_usage{pp_rank="0",tp_rank="0"} 0.4',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.running, 14, "not 28");
+    assert.equal(s.waiting, 2, "not 4");
+    assert.equal(s.kvUsage, 0.4, "a family without priorities is read whole");
+  });
+
   it("SGLang's cached tokens by cache source add up; a `total` source is taken alone", () => {
     const base = [
       'sglang:num_running_reqs{tp_rank="0"} 1',

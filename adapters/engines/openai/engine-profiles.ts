@@ -79,12 +79,23 @@ function collapseReplicas(samples: readonly MetricSample[]): MetricSample[] {
   return [...groups.values()];
 }
 
+/**
+ * The totals of a family split by `priority`: SGLang with priority scheduling
+ * prints each scheduler gauge once per priority and once more with an empty
+ * `priority`, which is their total; adding them all would count every request
+ * twice. A family without that empty-priority total is kept whole.
+ */
+function priorityTotals(samples: readonly MetricSample[]): readonly MetricSample[] {
+  const totals = samples.filter((s) => s.labels.priority === "");
+  return totals.length > 0 && totals.length < samples.length ? totals : samples;
+}
+
 /** The first of several names (newest first) that the page carries with a finite value, one sample per logical series. */
 function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
   for (const name of names) {
     const found = byName.get(name);
     // A series whose every sample is NaN says nothing: the next name, or unknown.
-    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(found);
+    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(priorityTotals(found));
   }
   return undefined;
 }
@@ -92,7 +103,7 @@ function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
 /** All samples of one name, one per logical series; empty when absent. */
 function series(byName: ByName, name: string): MetricSample[] {
   const found = byName.get(name);
-  return found ? collapseReplicas(found) : [];
+  return found ? collapseReplicas(priorityTotals(found)) : [];
 }
 
 /** Sum over label sets (models, ranks); NaN samples count as absent. */
