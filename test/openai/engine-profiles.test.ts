@@ -84,6 +84,40 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "prefixCache"]);
   });
 
+  it("vLLM V0 with --num-gpu-blocks-override (Qwen2-VL #55, August 2024): the overridden blocks are the capacity", () => {
+    const s = read("vllm-v0-qwen2vl-issue55.prom");
+    assert.equal(s.profile, "vllm-v0");
+    assert.equal(s.kvCapacityTokens, 2048 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.kvUsage, 0);
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.dataParallelSize, 1);
+    assert.equal(s.hostKvCapacityTokens, undefined, "num_cpu_blocks 0 without offloading: one tier");
+    assert.deepEqual(sortedUnknown(s), ["maxNumSeqs", "preemptions", "prefixCache"]);
+  });
+
+  it("vLLM V0's families declared without a sample (functionary PR #263): a vLLM page whose every signal is unknown", () => {
+    const s = read("vllm-v0-declared-only-functionary-pr263.prom");
+    assert.equal(s.flavor, "vllm");
+    assert.equal(s.profile, "vllm-v0", "gpu_prefix_cache_hit_rate is declared");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.equal(s.kvCapacitySource, "unknown");
+    assert.equal(s.statedHitRate, undefined);
+    assert.equal(s.prefixQueryTokens, 0, "not measured");
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvCapacityTokens",
+      "kvUsage",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
+  });
+
   it("vLLM's first cache_config_info line (PR #3100, early 2024): capacity from blocks, the rest unknown", () => {
     const s = read("vllm-0.3-cache-config-pr3100.prom");
     assert.equal(s.profile, "vllm", "one line tells no generation apart");
@@ -119,6 +153,28 @@ describe("genuine pages across versions", () => {
       undefined,
       "num_cpu_blocks without kv_offloading_size shows no host tier",
     );
+  });
+
+  it("DeepSeek-V4's cache config (vLLM #51163): the engine's kv_cache_size_tokens, not blocks × its smallest block", () => {
+    const s = read("vllm-dsv4-cache-config-issue51163.prom");
+    assert.equal(s.flavor, "vllm");
+    assert.equal(
+      s.profile,
+      "vllm",
+      "one line tells no generation apart, and no mamba label makes it +hybrid",
+    );
+    assert.equal(s.kvCapacityTokens, 1_179_770, "as stated; 20377 blocks × 4 would be 81,508");
+    assert.equal(s.kvCapacitySource, "engine");
+    assert.equal(s.blockSize, 4, "the smallest KV group's block, as the engine states it");
+    assert.equal(s.dataParallelSize, 1);
+    assert.deepEqual(sortedUnknown(s), [
+      "kvUsage",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "running",
+      "waiting",
+    ]);
   });
 
   it("vLLM V1 as of 0.8 (production-stack #318): the generation is read from a declared V1 family", () => {
@@ -235,6 +291,25 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["blockSize", "maxNumSeqs", "preemptions"]);
   });
 
+  it("SGLang 0.5.1 (sglang #13485): one running request, KV usage a measured 0, the cut-off queue gauge unknown", () => {
+    const s = read("sglang-0.5.1-issue13485.prom");
+    assert.equal(s.flavor, "sglang");
+    assert.equal(s.profile, "sglang");
+    assert.equal(s.running, 1);
+    assert.equal(s.kvUsage, 0, "token_usage 0.0: one used token, rounded by the engine");
+    assert.ok(!s.unknown.includes("kvUsage"));
+    assert.equal(s.dataParallelSize, 1, "pp_rank and tp_rank are not data-parallel ranks");
+    assert.equal(s.kvCapacityTokens, 0);
+    assert.deepEqual(sortedUnknown(s), [
+      "blockSize",
+      "kvCapacityTokens",
+      "maxNumSeqs",
+      "preemptions",
+      "prefixCache",
+      "waiting",
+    ]);
+  });
+
   it("SGLang with eight data-parallel ranks (aibrix #1614): every rank counts, tp_rank and pid do not merge them", () => {
     const s = read("sglang-dp8-aibrix-issue1614.prom");
     assert.equal(s.dataParallelSize, 8, "ranks 0–7, though no single series in the excerpt shows all eight");
@@ -298,6 +373,32 @@ describe("constructed pages", () => {
     assert.ok(s.unknown.includes("kvCapacityTokens"));
   });
 
+  it("data-parallel cores: num_gpu_blocks is the front end's total, read once; kv_cache_size_tokens is one core's, added up", () => {
+    // vLLM's front end sums the cores' num_gpu_blocks at start-up and prints its one cache config on
+    // every core's line (vllm/v1/engine/core_client.py, vllm/v1/metrics/loggers.py); PR #42206 keeps
+    // kv_cache_size_tokens per core. Two cores of 1000 blocks of 16 tokens each:
+    const derived = parseEngineMetrics(
+      [
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000"} 1.0',
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0',
+      ].join("\n"),
+    );
+    assert.equal(derived?.dataParallelSize, 2);
+    assert.equal(derived?.kvCapacityTokens, 32_000, "2000 blocks × 16, not once per line");
+    assert.equal(derived?.kvCapacitySource, "derived");
+    const stated = parseEngineMetrics(
+      [
+        'vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="15984",num_gpu_blocks="2000"} 1.0',
+        'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="15984",num_gpu_blocks="2000"} 1.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+      ].join("\n"),
+    );
+    assert.equal(stated?.kvCapacityTokens, 2 * 15_984, "each core's own figure, over both cores");
+    assert.equal(stated?.kvCapacitySource, "engine");
+  });
+
   it("a page without a KV gauge reads KV usage as unknown", () => {
     const s = parseEngineMetrics('vllm:num_requests_running{model_name="m"} 2\n');
     assert.ok(s);
@@ -328,6 +429,48 @@ describe("constructed pages", () => {
     assert.equal(s.maxNumSeqs, 128);
     assert.equal(s.statedHitRate, 0.625);
     assert.ok(s.unknown.includes("prefixCache"));
+  });
+
+  it("SGLang's names written sglang_… (its router's re-export; some builds, sglang #12618) read as sglang:…", () => {
+    const s = parseEngineMetrics(
+      [
+        "# TYPE sglang_num_running_reqs gauge",
+        'sglang_num_running_reqs{model_name="m",tp_rank="0"} 24.0',
+        'sglang_num_queue_reqs{model_name="m",tp_rank="0"} 3.0',
+        'sglang_token_usage{model_name="m",tp_rank="0"} 0.61',
+        'sglang_max_total_num_tokens{model_name="m",tp_rank="0"} 401294.0',
+      ].join("\n"),
+    );
+    assert.ok(s, "an SGLang page, not another server's");
+    assert.equal(s.flavor, "sglang");
+    assert.equal(s.running, 24);
+    assert.equal(s.waiting, 3);
+    assert.equal(s.kvUsage, 0.61);
+    assert.equal(s.kvCapacityTokens, 401_294);
+    assert.equal(
+      parseEngineMetrics('sglang_gen_throughput{model_name="m"} 1.0\n'),
+      undefined,
+      "no core series",
+    );
+  });
+
+  it("SGLang with priority scheduling: the empty-priority series is the total, its priority buckets are not added to it", () => {
+    // The shape SGLang prints with priority scheduling, as scrapers of it describe it: one series per
+    // priority and one with priority="" holding their total.
+    const s = parseEngineMetrics(
+      [
+        'sglang:num_running_reqs{pp_rank="0",priority="",tp_rank="0"} 14.0',
+        'sglang:num_running_reqs{pp_rank="0",priority="-1",tp_rank="0"} 0.0',
+        'sglang:num_running_reqs{pp_rank="0",priority="0",tp_rank="0"} 14.0',
+        'sglang:num_queue_reqs{pp_rank="0",priority="",tp_rank="0"} 2.0',
+        'sglang:num_queue_reqs{pp_rank="0",priority="-1",tp_rank="0"} 2.0',
+        'sglang:token_usage{pp_rank="0",tp_rank="0"} 0.4',
+      ].join("\n"),
+    );
+    assert.ok(s);
+    assert.equal(s.running, 14, "not 28");
+    assert.equal(s.waiting, 2, "not 4");
+    assert.equal(s.kvUsage, 0.4, "a family without priorities is read whole");
   });
 
   it("SGLang's cached tokens by cache source add up; a `total` source is taken alone", () => {
@@ -443,6 +586,48 @@ describe("host tiers (constructed pages)", () => {
     assert.ok(!s.unknown.includes("hostKvCapacityTokens"));
     const sglang = parseEngineMetrics('sglang:num_running_reqs{tp_rank="0"} 1\nsglang:token_usage 0.2\n');
     assert.equal(sglang?.hostKvCapacityTokens, undefined);
+  });
+
+  it("vLLM's external counters never queried, with nothing else of a tier, are one tier: every V1 engine exports them", () => {
+    // vllm/v1/metrics/loggers.py creates vllm:external_prefix_cache_{queries,hits} for every engine
+    // core whether or not a KV connector is configured; without one they stay at 0.
+    const plain = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.ok(plain);
+    assert.equal(plain.hostKvCapacityTokens, undefined, "no host tier");
+    assert.equal(plain.hostPrefixQueryTokens, undefined);
+    assert.ok(!plain.unknown.includes("hostKvCapacityTokens"));
+    const queried = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 512.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.equal(
+      queried?.hostPrefixQueryTokens,
+      512,
+      "a connector that was asked is a tier, even at no hits",
+    );
+    assert.equal(queried?.hostPrefixHitTokens, 0);
+    const offloading = parseEngineMetrics(
+      [
+        ...vllmCore,
+        'vllm:cache_config_info{block_size="16",engine="0",kv_offloading_size="8",num_cpu_blocks="None",num_gpu_blocks="1000"} 1',
+        'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+      ].join("\n"),
+    );
+    assert.equal(
+      offloading?.hostPrefixQueryTokens,
+      0,
+      "an offloading size shows the tier before its first query",
+    );
   });
 
   it("SGLang HiCache: host pool size and use per tp_rank counted once, host hits over prompts less device hits", () => {

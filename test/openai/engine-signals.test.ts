@@ -2,7 +2,8 @@
  * @module The upstream engine over real loopback HTTP, serving genuine pages
  * (`fixtures/README.md` cites each): profiles and unknown signals as scraped,
  * the operator's capacity and SGLang's server info standing in for a missing
- * one, `/v1/models`, and a genuine `include_usage` stream passed through byte for byte.
+ * one, `/v1/models`, and genuine `include_usage` streams (OpenAI's chat, SGLang's
+ * completions) passed through byte for byte.
  */
 
 import assert from "node:assert/strict";
@@ -25,6 +26,10 @@ const STREAM_EVENTS = fixture("openai-chat-stream-include-usage.jsonl")
   .split("\n")
   .filter((line) => line !== "")
   .map((line) => `data: ${line}\n\n`);
+/** SGLang's completions stream as it sent it (the tail of one, with its usage event), one event per element. */
+const SGLANG_STREAM_EVENTS = fixture("sglang-completions-stream-include-usage-pr3760.sse")
+  .split(/(?<=\n\n)/)
+  .filter((event) => event !== "");
 
 const servers: FakeUpstream[] = [];
 const engines: OpenAIUpstreamEngine[] = [];
@@ -156,29 +161,40 @@ describe("where the page is", () => {
 });
 
 describe("a genuine include_usage stream", () => {
-  function call(body: Record<string, unknown>): EngineCall {
+  function call(body: Record<string, unknown>, endpoint: EngineCall["endpoint"] = "chat"): EngineCall {
     return {
       requestId: "req-usage",
       model: "gpt-4o-2024-05-13",
       promptTokens: [1, 2, 3],
       maxTokens: 16,
-      endpoint: "chat",
-      body: { messages: [{ role: "user", content: "你的名字叫什么？只回答名字" }], stream: true, ...body },
+      endpoint,
+      body: {
+        ...(endpoint === "chat"
+          ? { messages: [{ role: "user", content: "你的名字叫什么？只回答名字" }] }
+          : { prompt: [1, 2, 3] }),
+        stream: true,
+        ...body,
+      },
       stream: true,
       signal: new AbortController().signal,
     };
   }
 
-  async function run(body: Record<string, unknown>) {
+  async function run(
+    body: Record<string, unknown>,
+    events = STREAM_EVENTS,
+    endpoint: EngineCall["endpoint"] = "chat",
+  ) {
+    const path = endpoint === "chat" ? "/v1/chat/completions" : "/v1/completions";
     const up = await upstream({
-      "/v1/chat/completions": (_req, res) => {
+      [path]: (_req, res) => {
         startSse(res);
-        for (const event of STREAM_EVENTS) res.write(event);
+        for (const event of events) res.write(event);
         res.end();
       },
     });
     const engine = engineFor(up);
-    const stream = await engine.generate(call(body));
+    const stream = await engine.generate(call(body, endpoint));
     const chunks: EngineChunk[] = [];
     for await (const chunk of stream) chunks.push(chunk);
     const sent = JSON.parse(up.requests[0]!.body) as Record<string, unknown>;
@@ -211,6 +227,29 @@ describe("a genuine include_usage stream", () => {
     assert.deepEqual(sent.stream_options, { include_usage: true });
     assert.equal(result.promptTokens, 14);
     assert.equal(result.completionTokens, 3);
+  });
+
+  it("SGLang's completions stream (PR #3760): its usage event, with its own id and no object, passed through as sent", async () => {
+    assert.equal(SGLANG_STREAM_EVENTS.length, 3, "the last text event, the usage event, [DONE]");
+    const asked = await run({ stream_options: { include_usage: true } }, SGLANG_STREAM_EVENTS, "completions");
+    const decoder = new TextDecoder();
+    assert.deepEqual(
+      asked.chunks.map((c) => decoder.decode(c.raw)),
+      SGLANG_STREAM_EVENTS.slice(0, -1),
+    );
+    assert.deepEqual(asked.result, {
+      promptTokens: 8,
+      completionTokens: 10,
+      cachedTokens: 0,
+      finishReason: "length",
+    });
+    const notAsked = await run({}, SGLANG_STREAM_EVENTS, "completions");
+    assert.deepEqual(
+      notAsked.chunks.map((c) => decoder.decode(c.raw)),
+      SGLANG_STREAM_EVENTS.slice(0, 1),
+      "sluice's own request for usage stays sluice's",
+    );
+    assert.equal(notAsked.result.promptTokens, 8);
   });
 });
 

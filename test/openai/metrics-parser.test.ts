@@ -82,7 +82,10 @@ describe("parsePrometheusText", () => {
   });
 });
 
-/** vLLM V1 (0.8+), two data-parallel engines, one model. */
+/**
+ * vLLM V1 (0.8+), two data-parallel engines of 27,400 blocks each, one model. Each engine's
+ * `cache_config_info` line states the front end's total of both (vllm/v1/engine/core_client.py).
+ */
 const VLLM_V1_DP2 = `# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5.0
@@ -109,8 +112,8 @@ vllm:num_preemptions_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instru
 vllm:num_preemptions_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="27400",max_num_seqs="256"} 1.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="27400",max_num_seqs="256"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="54800",max_num_seqs="256"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="54800",max_num_seqs="256"} 1.0
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 123456.0
@@ -175,7 +178,7 @@ describe("signalsFromExposition", () => {
     assert.equal(s.prefixHitTokens, 6_000);
     assert.equal(s.preemptions, 8);
     assert.equal(s.blockSize, 16);
-    assert.equal(s.kvCapacityTokens, 2 * 27_400 * 16);
+    assert.equal(s.kvCapacityTokens, 2 * 27_400 * 16, "the stated total, once");
     assert.equal(s.maxNumSeqs, 256, "a per-rank limit: not summed over ranks");
     assert.equal(s.dataParallelSize, 2);
   });

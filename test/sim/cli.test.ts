@@ -80,7 +80,7 @@ describe("sluice sim", () => {
     const metrics = await (await fetch(`${url}/metrics`)).text();
     assert.match(
       metrics,
-      /vllm:cache_config_info\{[^}]*num_gpu_blocks="100"[^}]*max_num_seqs="7"[^}]*engine="1"/,
+      /vllm:cache_config_info\{[^}]*num_gpu_blocks="200"[^}]*max_num_seqs="7"[^}]*engine="1"/,
     );
     // The host tier: 400 blocks per rank, and the KV connector's counters.
     assert.match(

@@ -269,7 +269,11 @@ describe("sim HTTP server (real time, loopback)", () => {
     const info = samples.find((s) => s.name === "vllm:cache_config_info")!;
     assert.equal(info.value, 1);
     assert.equal(info.labels.block_size, "16");
-    assert.equal(info.labels.num_gpu_blocks, "27437");
+    assert.equal(
+      info.labels.num_gpu_blocks,
+      String(2 * 27437),
+      "both ranks' blocks, as vLLM's front end prints them",
+    );
     assert.equal(info.labels.max_num_seqs, "256");
     const sum = (name: string) => samples.filter((s) => s.name === name).reduce((a, s) => a + s.value, 0);
     const signals = server.engine.signals();

@@ -79,12 +79,23 @@ function collapseReplicas(samples: readonly MetricSample[]): MetricSample[] {
   return [...groups.values()];
 }
 
+/**
+ * The totals of a family split by `priority`: SGLang with priority scheduling
+ * prints each scheduler gauge once per priority and once more with an empty
+ * `priority`, which is their total; adding them all would count every request
+ * twice. A family without that empty-priority total is kept whole.
+ */
+function priorityTotals(samples: readonly MetricSample[]): readonly MetricSample[] {
+  const totals = samples.filter((s) => s.labels.priority === "");
+  return totals.length > 0 && totals.length < samples.length ? totals : samples;
+}
+
 /** The first of several names (newest first) that the page carries with a finite value, one sample per logical series. */
 function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
   for (const name of names) {
     const found = byName.get(name);
     // A series whose every sample is NaN says nothing: the next name, or unknown.
-    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(found);
+    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(priorityTotals(found));
   }
   return undefined;
 }
@@ -92,7 +103,7 @@ function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
 /** All samples of one name, one per logical series; empty when absent. */
 function series(byName: ByName, name: string): MetricSample[] {
   const found = byName.get(name);
-  return found ? collapseReplicas(found) : [];
+  return found ? collapseReplicas(priorityTotals(found)) : [];
 }
 
 /** Sum over label sets (models, ranks); NaN samples count as absent. */
@@ -240,7 +251,15 @@ function vllmProfile(byName: ByName, declared: ReadonlySet<string>, config: read
  * KV capacity from `vllm:cache_config_info`, one sample per engine core.
  * Newer vLLM states `kv_cache_size_tokens` itself; it is preferred because
  * `num_gpu_blocks × block_size` overstates a hybrid model's pool (mamba state
- * takes part of each block's memory). An engine core that states neither
+ * takes part of each block's memory).
+ *
+ * The two labels count differently across data-parallel engine cores, though
+ * every core's sample carries the front end's one cache config: vLLM's front
+ * end adds up the cores' `num_gpu_blocks` as they report ready ("Sum values
+ * from all engines in DP case", `vllm/v1/engine/core_client.py`), so each
+ * sample already states the total and is read once; `kv_cache_size_tokens`
+ * is a single core's figure, "not summed across DP ranks" (vLLM PR #42206),
+ * so it is added up over the cores. An engine core that states neither
  * leaves the whole capacity unknown rather than understated.
  */
 function vllmCapacity(
@@ -252,22 +271,19 @@ function vllmCapacity(
     const tokens = Math.floor(sum(gauge));
     if (tokens > 0) return { tokens, source: "engine" };
   }
-  let tokens = 0;
-  let derived = false;
+  if (config.length === 0) return { tokens: 0, source: "unknown" };
+  const stated = config.map((info) => intLabel(info, "kv_cache_size_tokens"));
+  if (stated.every((tokens) => tokens !== undefined)) {
+    return { tokens: stated.reduce((total: number, tokens) => total + (tokens ?? 0), 0), source: "engine" };
+  }
+  let total = 0;
   for (const info of config) {
-    const stated = intLabel(info, "kv_cache_size_tokens");
-    if (stated !== undefined) {
-      tokens += stated;
-      continue;
-    }
     const blocks = intLabel(info, "num_gpu_blocks");
     const size = intLabel(info, "block_size");
     if (blocks === undefined || size === undefined) return { tokens: 0, source: "unknown" };
-    tokens += blocks * size;
-    derived = true;
+    total = Math.max(total, blocks * size);
   }
-  if (tokens === 0) return { tokens: 0, source: "unknown" };
-  return { tokens, source: derived ? "derived" : "engine" };
+  return { tokens: total, source: "derived" };
 }
 
 /** The host tier's signals, merged into a page's signals when the page shows one. */
@@ -297,22 +313,28 @@ function positiveLabel(sample: MetricSample, label: string): boolean {
  * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
  * so it is usually unknown); the load rate from the tokens supplied over
  * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`. Undefined
- * when the page shows no second tier: the engine is treated as one tier.
+ * when the page shows no second tier (no offloading size, no transfer time, no
+ * LMCache counters, and external counters never queried): the engine is
+ * treated as one tier.
  */
 function vllmHostTier(
   byName: ByName,
   config: readonly MetricSample[],
   unknown: SignalField[],
 ): HostTierSignals | undefined {
-  const external =
-    counterPair(byName, [
-      ["vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"],
-    ]) ?? counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
+  const connector = counterPair(byName, [
+    ["vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"],
+  ]);
+  const lmcache = counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
+  const external = connector ?? lmcache;
   const offloading = config.filter((s) => positiveLabel(s, "kv_offloading_size"));
   const loadTime = series(byName, "vllm:kv_offload_total_time_total").filter(
     (s) => s.labels.transfer_type?.toUpperCase() === "CPU_TO_GPU",
   );
-  if (!external && offloading.length === 0 && loadTime.length === 0) return undefined;
+  // vLLM (from late 2025, PR #26245) creates its external counters for every engine core, with a
+  // KV connector or without one: never queried, and with nothing else to show a tier, they show none.
+  const connectorQueried = (connector?.queries ?? 0) > 0;
+  if (!connectorQueried && !lmcache && offloading.length === 0 && loadTime.length === 0) return undefined;
   const host: HostTierSignals = {};
   let capacity = 0;
   for (const info of offloading) {
@@ -510,6 +532,20 @@ function nimSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSigna
 
 // --- detection ----------------------------------------------------------------------------------
 
+/**
+ * SGLang's series written `sglang_name` instead of `sglang:name`: so SGLang's
+ * router re-exports its workers' series, and so some SGLang builds printed
+ * their own (sglang issue #12618, "sglang: -> sglang_"; its Grafana dashboard
+ * followed in PR #15758, and later went back). The names mean the same.
+ */
+function withSglangColon(byName: ByName): ByName {
+  const renamed: ByName = new Map();
+  for (const [name, list] of byName) {
+    if (name.startsWith("sglang_")) renamed.set(`sglang:${name.slice("sglang_".length)}`, list);
+  }
+  return renamed;
+}
+
 /** Series that make a page an engine's: a page with only counters or histograms is not enough to act on. */
 const VLLM_CORE = [
   ...VLLM_KV_USAGE,
@@ -527,8 +563,9 @@ const SGLANG_CORE = [
 const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 
 /**
- * Maps a parsed page to engine signals, or undefined when it carries neither
- * vLLM's, SGLang's nor NIM's core series (a garbage page, or another server's metrics).
+ * Maps a parsed page to engine signals, or undefined when it neither carries
+ * nor declares (`# TYPE`) vLLM's or SGLang's core series, nor carries NIM's (a
+ * garbage page, or another server's metrics).
  *
  * - Counters and request gauges are summed over label sets (several models,
  *   data-parallel ranks); KV usage, a ratio per rank, is averaged; series
@@ -538,7 +575,8 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
  *   counters `prefix_cache_{queries,hits}_total` (or their `gpu_` names).
  * - NIM for LLMs: vLLM's names without the prefix, read as vLLM's; `num_request_max` is `max_num_seqs`.
  * - SGLang: capacity is `max_total_num_tokens`; hit rate from
- *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing.
+ *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing;
+ *   names written `sglang_…` are read as `sglang:…`.
  * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
  *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
  * - Data-parallel size = distinct `dp_rank` or `engine` label values over the engine's series (1 when absent).
@@ -550,8 +588,13 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
   const byName = groupByName(page.samples);
   const declared = new Set(page.types.keys());
-  if (VLLM_CORE.some((n) => byName.has(n))) return vllmSignals(byName, declared);
-  if (SGLANG_CORE.some((n) => byName.has(n))) return sglangSignals(byName);
+  // A declared family counts: an engine whose stat logger never recorded prints its families'
+  // # TYPE lines without a sample, and every signal of such a page is unknown, not the page foreign.
+  const carries = (name: string) => byName.has(name) || declared.has(name);
+  if (VLLM_CORE.some(carries)) return vllmSignals(byName, declared);
+  if (SGLANG_CORE.some(carries)) return sglangSignals(byName);
+  const sglangUnderscored = withSglangColon(byName);
+  if (SGLANG_CORE.some((n) => sglangUnderscored.has(n))) return sglangSignals(sglangUnderscored);
   if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
     return nimSignals(byName, declared);
   return undefined;

@@ -11,8 +11,10 @@ import type { SimEngine } from "./sim-engine.js";
  * `vllm:num_requests_waiting`, `vllm:prefix_cache_queries_total`,
  * `vllm:prefix_cache_hits_total` (tokens), `vllm:num_preemptions_total`,
  * `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, and
- * `vllm:cache_config_info` (value 1; labels `block_size`, `num_gpu_blocks`
- * per rank, `max_num_seqs`, `max_num_batched_tokens`, …).
+ * `vllm:cache_config_info` (value 1, one sample per rank; labels
+ * `block_size`, `num_gpu_blocks` over all ranks — vLLM's front end adds up
+ * its engine cores' blocks and prints that total on every core's sample —,
+ * `max_num_seqs`, `max_num_batched_tokens`, …).
  *
  * With a host tier, also what vLLM exposes with its CPU offloading
  * connector: `vllm:external_prefix_cache_queries_total` and
@@ -205,7 +207,7 @@ export function createSimRegistry(engine: SimEngine): Registry {
         this.set(
           {
             block_size: String(p.blockSize),
-            num_gpu_blocks: String(engine.blocksPerRank()),
+            num_gpu_blocks: String(engine.blocksPerRank() * engine.dataParallelSize),
             num_cpu_blocks: String(hostBlocks),
             enable_prefix_caching: "True",
             cache_dtype: "auto",
