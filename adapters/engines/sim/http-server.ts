@@ -12,6 +12,7 @@ import { PromptTokenizer } from "../../../src/tokens/prompt-tokenizer.js";
 import type { ChatMessage } from "../../../src/types.js";
 import { createSimRegistry } from "./metrics.js";
 import type { PresetName, PresetOverrides } from "./presets.js";
+import { BootstrapRooms, joinPrefill, RoomTaken } from "./sglang-bootstrap.js";
 import { SimEngine, type SimEngineOptions } from "./sim-engine.js";
 import { vocabularyFromTokenizer } from "./vocabulary.js";
 
@@ -42,6 +43,12 @@ export interface SimServerOptions {
   id?: string;
   /** Role in a disaggregated fleet (`prefill`, `decode`); default `both`. */
   role?: ReplicaRole;
+  /**
+   * The request flow a `prefill` or `decode` replica speaks: `vllm` (default,
+   * `kv_transfer_params`) or `sglang` (SGLang's PD mode: `bootstrap_host`,
+   * `bootstrap_port`, `bootstrap_room` on both requests; `sglang-bootstrap.ts`).
+   */
+  pd?: "vllm" | "sglang";
 }
 
 /** A running simulated replica server. */
@@ -111,8 +118,17 @@ function streamOptions(body: Json): { includeUsage: boolean } {
  */
 export function createSimApp(
   engine: SimEngine,
-  options: Pick<SimServerOptions, "tokenizer" | "defaultMaxTokens"> & { prompts?: PromptTokenizer } = {},
+  options: Pick<SimServerOptions, "tokenizer" | "defaultMaxTokens" | "pd"> & {
+    prompts?: PromptTokenizer;
+    /** The port the server listens on, once it does (its SGLang bootstrap port too). */
+    port?: () => number;
+  } = {},
 ): Hono {
+  const sglang = options.pd === "sglang";
+  if (sglang && engine.role === "both") {
+    throw new RangeError("pd sglang is for a prefill or a decode replica (role prefill or decode)");
+  }
+  const rooms = new BootstrapRooms();
   const prompts = options.prompts ?? new PromptTokenizer(createTokenizer(options.tokenizer));
   const defaultMaxTokens = options.defaultMaxTokens ?? 1024;
   if (!(Number.isInteger(defaultMaxTokens) && defaultMaxTokens >= 1)) {
@@ -151,6 +167,32 @@ export function createSimApp(
       })),
     }),
   );
+
+  // SGLang's server info carries its server_args; a router reads the mode and bootstrap port there.
+  const serverInfo = (c: Context) =>
+    c.json({
+      model_path: engine.model,
+      disaggregation_mode: engine.role === "both" ? "null" : engine.role,
+      ...(sglang && engine.role === "prefill"
+        ? { disaggregation_bootstrap_port: options.port?.() ?? 0 }
+        : {}),
+    });
+  app.get("/server_info", serverInfo);
+  app.get("/get_server_info", serverInfo);
+
+  if (sglang && engine.role === "prefill") {
+    // A decode server joins a room here (sglang-bootstrap.ts).
+    app.post("/sim/bootstrap/join", async (c) => {
+      const body = (await c.req.json().catch(() => undefined)) as Json | undefined;
+      const room = roomOf(body?.bootstrap_room);
+      try {
+        const handover = await rooms.join(room, c.req.raw.signal);
+        return c.json({ prompt_tokens: handover.promptTokens });
+      } catch (error) {
+        return c.json(errorBody(`bootstrap_room ${room}: ${(error as Error).message}`, 500), 500);
+      }
+    });
+  }
 
   app.get("/metrics", async (c) => {
     const text = await registry.metrics();
@@ -203,7 +245,9 @@ export function createSimApp(
         }
         call.kvTransferParams = transfer as Json;
       }
-      const running = await engine.generate(call);
+      const running = sglang
+        ? await sglangLeg(call, body, signal, engine, rooms)
+        : await engine.generate(call);
       const id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`;
       const created = Math.floor(Date.now() / 1000);
       if (!stream) return c.json(await fullResponse(kind, running, id, created, engine.model));
@@ -219,6 +263,75 @@ export function createSimApp(
   app.post("/v1/chat/completions", handle("chat"));
   app.post("/v1/completions", handle("completions"));
   return app;
+}
+
+/** A `bootstrap_room`, as SGLang's scheduler requires one of every request in PD mode. */
+function roomOf(value: unknown): number {
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
+    // sgl-project/sglang, python/sglang/srt/managers/scheduler.py (handle_generate_request).
+    throw new BadRequest(
+      "Invalid request: Disaggregated request received without bootstrap room id.",
+      400,
+      "bootstrap_room",
+    );
+  }
+  return value;
+}
+
+/**
+ * One leg of SGLang's PD mode. A prefill request waits for its decode server
+ * to join its room, then computes the prompt to its first token (SGLang's
+ * prefill stops there, `FINISH_LENGTH(length=0)`, whatever it was asked) and
+ * hands the KV over. A decode request joins the prefill server named in it,
+ * then receives the prompt's KV over its link before it queues; a failed join
+ * is SGLang's 500 "Decode transfer failed for request …"
+ * (python/sglang/srt/disaggregation/decode.py).
+ */
+async function sglangLeg(
+  call: EngineCall,
+  body: Json,
+  signal: AbortSignal,
+  engine: SimEngine,
+  rooms: BootstrapRooms,
+): Promise<EngineStream> {
+  const room = roomOf(body.bootstrap_room);
+  if (engine.role === "prefill") {
+    call.maxTokens = 1;
+    let computed: EngineStream | undefined;
+    try {
+      await rooms.prefill(room, signal, async () => {
+        computed = await engine.generate(call);
+        const result = await computed.result;
+        if (result.finishReason === "abort") throw signal.reason ?? new Error("the prefill was aborted");
+        return { promptTokens: call.promptTokens.length };
+      });
+    } catch (error) {
+      if (error instanceof RoomTaken) throw new BadRequest(error.message, 400, "bootstrap_room");
+      throw error;
+    }
+    // The answer is its one token, read from the finished computation.
+    return computed!;
+  }
+  const host = body.bootstrap_host;
+  const port = body.bootstrap_port;
+  if (typeof host !== "string" || host === "" || !Number.isInteger(port)) {
+    throw new BadRequest(
+      "bootstrap_host and bootstrap_port must name the prefill server",
+      400,
+      "bootstrap_host",
+    );
+  }
+  try {
+    await joinPrefill(host, port as number, room, signal);
+  } catch (error) {
+    if (signal.aborted) throw signal.reason;
+    throw new BadRequest(
+      `Decode transfer failed for request rid=${call.requestId} bootstrap_room=${room}: ${(error as Error).message}`,
+      500,
+    );
+  }
+  call.kvTransferParams = { do_remote_prefill: true };
+  return await engine.generate(call);
 }
 
 function chatTokens(prompts: PromptTokenizer, messages: unknown): number[] {
@@ -368,7 +481,12 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
   if (seed !== undefined) engineOptions.seed = seed;
   if (options.role !== undefined) engineOptions.role = options.role;
   const engine = new SimEngine(engineOptions);
-  const appOptions: Parameters<typeof createSimApp>[1] = { prompts: new PromptTokenizer(tokenizer) };
+  let listeningPort = 0;
+  const appOptions: Parameters<typeof createSimApp>[1] = {
+    prompts: new PromptTokenizer(tokenizer),
+    port: () => listeningPort,
+  };
+  if (options.pd !== undefined) appOptions.pd = options.pd;
   if (options.defaultMaxTokens !== undefined) appOptions.defaultMaxTokens = options.defaultMaxTokens;
   const app = createSimApp(engine, appOptions);
   const server = await new Promise<ReturnType<typeof serve>>((resolve, reject) => {
@@ -376,6 +494,7 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
     s.once("error", reject);
   });
   const address = server.address() as AddressInfo;
+  listeningPort = address.port;
   const urlHost = host.includes(":") ? `[${host}]` : host;
   let closed: Promise<void> | undefined;
   return {
