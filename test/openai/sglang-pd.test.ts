@@ -31,16 +31,26 @@ async function sim(role: "prefill" | "decode", id: string): Promise<SimServer> {
   return server;
 }
 
-async function serve(upstreams: string[]): Promise<RunningServer> {
-  running = await startServer({ port: 0, host: "127.0.0.1", upstreams, log: () => {} });
+async function serve(
+  upstreams: string[],
+  extra: Parameters<typeof startServer>[0] = {},
+): Promise<RunningServer> {
+  running = await startServer({ port: 0, host: "127.0.0.1", upstreams, log: () => {}, ...extra });
   return running;
 }
 
-function chat(url: string, content: string, maxTokens: number, stream: boolean): Promise<Response> {
+function chat(
+  url: string,
+  content: string,
+  maxTokens: number,
+  stream: boolean,
+  signal?: AbortSignal,
+): Promise<Response> {
   return fetch(`${url}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify({ messages: [{ role: "user", content }], max_tokens: maxTokens, stream }),
+    ...(signal ? { signal } : {}),
   });
 }
 
@@ -49,9 +59,15 @@ async function until(check: () => boolean): Promise<void> {
   while (!check()) await new Promise((resolve) => setTimeout(resolve, 10));
 }
 
+/** Nothing held by sluice, and no room left open on any simulated prefill replica. */
 function idle(server: RunningServer): boolean {
   const check = server.scheduler.idleCheck();
-  return check.permits === 0 && check.reservations === 0 && check.queued === 0;
+  return (
+    check.permits === 0 &&
+    check.reservations === 0 &&
+    check.queued === 0 &&
+    sims.every((s) => s.openRooms() === 0)
+  );
 }
 
 /** A proxy in front of `target` that records what it is sent and, for completions, answers with `completions` instead when given. */
@@ -209,5 +225,46 @@ describe("sluice serve with a prefill and a decode upstream in SGLang's PD mode"
     await decodeCall.aborted;
     assert.equal(decode.engine.transfers.transfers, 0, "no KV crossed");
     assert.equal(decode.engine.stats().generationTokens, 0);
+  });
+
+  it("a client that leaves while its decode request waits at the decode gate stops both requests; nothing held", async () => {
+    const prefill = await sim("prefill", "p0");
+    const decode = await sim("decode", "d0");
+    const prefillSeen = await proxy(prefill);
+    const server = await serve(
+      [
+        `role=prefill,name=p0,url=${prefillSeen.url},pd=sglang`,
+        `role=decode,name=d0,url=${decode.url},pd=sglang`,
+      ],
+      { config: { gate: { engineRequestLimit: 1 } } },
+    );
+    // The first call holds the decode replica's only gate slot while it generates.
+    const first = new AbortController();
+    const firstResponse = await chat(server.url, "Write a long design document.", 4000, true, first.signal);
+    assert.equal(firstResponse.status, 200);
+    const second = new AbortController();
+    const pending = chat(server.url, "A short question.", 8, false, second.signal).catch(
+      (error: Error) => error,
+    );
+    const decodeGate = () => server.scheduler.state().replicas.find((r) => r.id === "d0")!.gate;
+    await until(() => decodeGate().queued === 1);
+    // Its prefill request is at the prefill server, waiting for a decode server that has not joined.
+    const secondPrefill = await prefillSeen.nextRequest("/v1/chat/completions", 2);
+    assert.equal(prefill.engine.stats().generationTokens, 1, "only the first call's prompt was computed");
+    second.abort();
+    const outcome = await pending;
+    assert.ok(outcome instanceof Error && outcome.name === "AbortError");
+    await secondPrefill.aborted;
+    await until(() => decodeGate().queued === 0);
+    first.abort();
+    await firstResponse.body?.cancel().catch(() => undefined);
+    await until(() => idle(server));
+    assert.equal(prefill.engine.stats().generationTokens, 1, "the second call's prompt never was");
+    assert.equal(decode.engine.transfers.transfers, 1);
+    assert.equal(
+      server.scheduler.state().disaggregation?.wastedPrefillTokens,
+      0,
+      "a cancel is not a refusal",
+    );
   });
 });

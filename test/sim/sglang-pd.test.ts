@@ -80,6 +80,7 @@ describe("simulated replicas in SGLang's PD mode", { timeout: 30_000 }, () => {
       assert.equal(d.usage.completion_tokens, 6);
     }
     assert.equal(decode.engine.transfers.transfers, 2);
+    assert.equal(prefill.openRooms(), 0);
   });
 
   it("a decode request whose prefill server cannot be reached fails 500 as SGLang's decode does", async () => {

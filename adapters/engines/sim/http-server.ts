@@ -56,6 +56,8 @@ export interface SimServer {
   /** Base URL, e.g. `http://127.0.0.1:9000`. */
   url: string;
   engine: SimEngine;
+  /** SGLang's PD mode: rooms a prefill replica holds open (a request waiting for its other half); 0 once idle. */
+  openRooms(): number;
   close(): Promise<void>;
 }
 
@@ -122,13 +124,15 @@ export function createSimApp(
     prompts?: PromptTokenizer;
     /** The port the server listens on, once it does (its SGLang bootstrap port too). */
     port?: () => number;
+    /** SGLang's PD mode on a prefill replica: the rooms its requests meet in. */
+    rooms?: BootstrapRooms;
   } = {},
 ): Hono {
   const sglang = options.pd === "sglang";
   if (sglang && engine.role === "both") {
     throw new RangeError("pd sglang is for a prefill or a decode replica (role prefill or decode)");
   }
-  const rooms = new BootstrapRooms();
+  const rooms = options.rooms ?? new BootstrapRooms();
   const prompts = options.prompts ?? new PromptTokenizer(createTokenizer(options.tokenizer));
   const defaultMaxTokens = options.defaultMaxTokens ?? 1024;
   if (!(Number.isInteger(defaultMaxTokens) && defaultMaxTokens >= 1)) {
@@ -482,9 +486,11 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
   if (options.role !== undefined) engineOptions.role = options.role;
   const engine = new SimEngine(engineOptions);
   let listeningPort = 0;
+  const rooms = new BootstrapRooms();
   const appOptions: Parameters<typeof createSimApp>[1] = {
     prompts: new PromptTokenizer(tokenizer),
     port: () => listeningPort,
+    rooms,
   };
   if (options.pd !== undefined) appOptions.pd = options.pd;
   if (options.defaultMaxTokens !== undefined) appOptions.defaultMaxTokens = options.defaultMaxTokens;
@@ -500,6 +506,7 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
   return {
     url: `http://${urlHost}:${address.port}`,
     engine,
+    openRooms: () => rooms.size,
     close() {
       closed ??= (async () => {
         await engine.close();
