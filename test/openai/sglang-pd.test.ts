@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import type { ServerResponse } from "node:http";
 import { afterEach, describe, it } from "node:test";
 import { type RunningServer, startServer } from "../../adapters/cli/serve.js";
+import { OpenAIUpstreamEngine } from "../../adapters/engines/openai/upstream-engine.js";
 import { type SimServer, startSimServer } from "../../adapters/engines/sim/http-server.js";
 import { type FakeUpstream, type SeenRequest, startFakeUpstream } from "./fake-upstream.js";
 
@@ -266,5 +267,58 @@ describe("sluice serve with a prefill and a decode upstream in SGLang's PD mode"
       0,
       "a cancel is not a refusal",
     );
+  });
+});
+
+describe("the pairing an SGLang prefill upstream gives each call", { timeout: 30_000 }, () => {
+  async function pairingFrom(info: Record<string, unknown> | null, options: { bootstrapPort?: number } = {}) {
+    const fake = await startFakeUpstream({
+      "/server_info": (_req, res) => {
+        res.writeHead(info ? 200 : 404, { "content-type": "application/json" });
+        res.end(JSON.stringify(info ?? { detail: "Not Found" }));
+      },
+    });
+    fakes.push(fake);
+    const engine = new OpenAIUpstreamEngine({ baseUrl: fake.url, role: "prefill", pd: "sglang", ...options });
+    await engine.start();
+    const pairing = engine.pairedKvTransfer();
+    await engine.close();
+    return pairing;
+  }
+
+  it("names the server's host and the bootstrap port it states, else the one given, else 8998; a fresh room each call", async () => {
+    assert.equal((await pairingFrom({ disaggregation_bootstrap_port: 7001 }))?.bootstrap_port, 7001);
+    assert.equal(
+      (await pairingFrom({ disaggregation_bootstrap_port: 7001 }, { bootstrapPort: 9100 }))?.bootstrap_port,
+      9100,
+    );
+    assert.equal((await pairingFrom({ disaggregation_mode: "prefill" }))?.bootstrap_port, 8998);
+    const pairing = await pairingFrom(null);
+    assert.equal(pairing?.bootstrap_host, "127.0.0.1");
+    assert.equal(pairing?.bootstrap_port, 8998);
+    const engine = new OpenAIUpstreamEngine({
+      baseUrl: "http://[::1]:30000",
+      role: "prefill",
+      pd: "sglang",
+      bootstrapPort: 8998,
+    });
+    const a = engine.pairedKvTransfer()!;
+    const b = engine.pairedKvTransfer()!;
+    assert.equal(a.bootstrap_host, "::1");
+    assert.notEqual(a.bootstrap_room, b.bootstrap_room);
+    assert.ok(Number.isSafeInteger(a.bootstrap_room) && a.bootstrap_room >= 0);
+    await engine.close();
+  });
+
+  it("gives none in vLLM's flow or on a decode replica", () => {
+    for (const options of [
+      { role: "prefill" as const },
+      { role: "prefill" as const, pd: "vllm" as const },
+      { role: "decode" as const, pd: "sglang" as const },
+    ]) {
+      const engine = new OpenAIUpstreamEngine({ baseUrl: "http://127.0.0.1:1", ...options });
+      assert.equal(engine.pairedKvTransfer(), undefined);
+      void engine.close();
+    }
   });
 });

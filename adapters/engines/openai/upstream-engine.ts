@@ -103,6 +103,8 @@ export class OpenAIUpstreamEngine implements Engine {
   readonly baseUrl: string;
   /** SGLang prefill server: where its decode servers join it (undefined: not known yet). */
   private bootstrapPort: number | undefined;
+  /** The server info being read for the bootstrap port, while it is. */
+  private learningBootstrapPort: Promise<void> | undefined;
   private readonly transport: UpstreamTransport;
   private readonly presetModels: readonly string[];
   private readonly apiKey: string | undefined;
@@ -193,13 +195,23 @@ export class OpenAIUpstreamEngine implements Engine {
     return Promise.all([this.scraper.start(), this.learnBootstrapPort()]).then(() => undefined);
   }
 
-  /** An SGLang prefill server states its bootstrap port in its server info (its `server_args`). */
-  private async learnBootstrapPort(): Promise<void> {
-    if (this.pd !== "sglang" || this.role !== "prefill" || this.bootstrapPort !== undefined) return;
-    const info = await this.scraper.readServerInfo();
-    const port = info?.disaggregation_bootstrap_port;
-    if (typeof port === "number" && Number.isInteger(port) && port > 0 && port < 65536)
-      this.bootstrapPort = port;
+  /**
+   * An SGLang prefill server states its bootstrap port in its server info (its
+   * `server_args`). Read at start, and again by calls while the server has not answered.
+   */
+  private learnBootstrapPort(): Promise<void> {
+    if (this.pd !== "sglang" || this.role !== "prefill" || this.bootstrapPort !== undefined) {
+      return Promise.resolve();
+    }
+    this.learningBootstrapPort ??= this.scraper.readServerInfo().then((info) => {
+      this.learningBootstrapPort = undefined;
+      if (!info) return;
+      // A server info without the port (asked no more): SGLang's default.
+      const port = info.disaggregation_bootstrap_port;
+      const stated = typeof port === "number" && Number.isInteger(port) && port > 0 && port < 65536;
+      this.bootstrapPort = stated ? port : SGLANG_DEFAULT_BOOTSTRAP_PORT;
+    });
+    return this.learningBootstrapPort;
   }
 
   /**
@@ -209,6 +221,8 @@ export class OpenAIUpstreamEngine implements Engine {
    */
   pairedKvTransfer(): SglangBootstrap | undefined {
     if (this.pd !== "sglang" || this.role !== "prefill") return undefined;
+    // Until the server says otherwise, SGLang's default port.
+    if (this.bootstrapPort === undefined) void this.learnBootstrapPort();
     return {
       bootstrap_host: bootstrapHostOf(this.baseUrl),
       bootstrap_port: this.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT,
