@@ -158,6 +158,12 @@ async function buildEngines(
       const { line, warning } = describeUpstream(engine.id, upstreams[i]!.url, engine.signals());
       log(line);
       if (warning) log(warning);
+      const mode = engine.disaggregationMode();
+      if (mode !== undefined && mode !== engine.role) {
+        log(
+          `sluice: warning: upstream ${engine.id} is configured role=${engine.role},pd=sglang but states disaggregation_mode ${mode}`,
+        );
+      }
     }
     return {
       engines,

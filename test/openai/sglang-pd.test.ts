@@ -270,6 +270,34 @@ describe("sluice serve with a prefill and a decode upstream in SGLang's PD mode"
   });
 });
 
+describe("sluice serve reading an SGLang upstream's server info", { timeout: 30_000 }, () => {
+  it("warns at start-up when a replica states another disaggregation_mode than its configured role", async () => {
+    const prefill = await sim("prefill", "p0");
+    const decode = await sim("decode", "d0");
+    const lines: string[] = [];
+    running = await startServer({
+      port: 0,
+      host: "127.0.0.1",
+      // Swapped by mistake.
+      upstreams: [
+        `role=prefill,name=p0,url=${decode.url},pd=sglang`,
+        `role=decode,name=d0,url=${prefill.url},pd=sglang`,
+      ],
+      log: (line) => lines.push(line),
+    });
+    assert.ok(
+      lines.some((l) =>
+        /upstream p0 is configured role=prefill,pd=sglang but states disaggregation_mode decode/.test(l),
+      ),
+    );
+    assert.ok(
+      lines.some((l) =>
+        /upstream d0 is configured role=decode,pd=sglang but states disaggregation_mode prefill/.test(l),
+      ),
+    );
+  });
+});
+
 describe("the pairing an SGLang prefill upstream gives each call", { timeout: 30_000 }, () => {
   async function pairingFrom(info: Record<string, unknown> | null, options: { bootstrapPort?: number } = {}) {
     const fake = await startFakeUpstream({

@@ -103,8 +103,11 @@ export class OpenAIUpstreamEngine implements Engine {
   readonly baseUrl: string;
   /** SGLang prefill server: where its decode servers join it (undefined: not known yet). */
   private bootstrapPort: number | undefined;
-  /** The server info being read for the bootstrap port, while it is. */
-  private learningBootstrapPort: Promise<void> | undefined;
+  /** SGLang's `disaggregation_mode` as its server info states it, once it answered. */
+  private statedMode: string | undefined;
+  private serverInfoRead = false;
+  /** The server info being read, while it is. */
+  private readingServerInfo: Promise<void> | undefined;
   private readonly transport: UpstreamTransport;
   private readonly presetModels: readonly string[];
   private readonly apiKey: string | undefined;
@@ -192,26 +195,33 @@ export class OpenAIUpstreamEngine implements Engine {
    * (`signals().healthy` tells); never rejects. Idempotent.
    */
   start(): Promise<void> {
-    return Promise.all([this.scraper.start(), this.learnBootstrapPort()]).then(() => undefined);
+    return Promise.all([this.scraper.start(), this.readServerInfo()]).then(() => undefined);
   }
 
   /**
-   * An SGLang prefill server states its bootstrap port in its server info (its
-   * `server_args`). Read at start, and again by calls while the server has not answered.
+   * An SGLang server in PD mode states its mode and, on the prefill side, its
+   * bootstrap port in its server info (its `server_args`). Read at start, and
+   * again by calls while the server has not answered.
    */
-  private learnBootstrapPort(): Promise<void> {
-    if (this.pd !== "sglang" || this.role !== "prefill" || this.bootstrapPort !== undefined) {
-      return Promise.resolve();
-    }
-    this.learningBootstrapPort ??= this.scraper.readServerInfo().then((info) => {
-      this.learningBootstrapPort = undefined;
+  private readServerInfo(): Promise<void> {
+    if (this.pd !== "sglang" || this.serverInfoRead) return Promise.resolve();
+    this.readingServerInfo ??= this.scraper.readServerInfo().then((info) => {
+      this.readingServerInfo = undefined;
       if (!info) return;
-      // A server info without the port (asked no more): SGLang's default.
+      this.serverInfoRead = true;
+      if (typeof info.disaggregation_mode === "string") this.statedMode = info.disaggregation_mode;
+      if (this.role !== "prefill" || this.bootstrapPort !== undefined) return;
+      // A server info without the port: SGLang's default.
       const port = info.disaggregation_bootstrap_port;
       const stated = typeof port === "number" && Number.isInteger(port) && port > 0 && port < 65536;
       this.bootstrapPort = stated ? port : SGLANG_DEFAULT_BOOTSTRAP_PORT;
     });
-    return this.learningBootstrapPort;
+    return this.readingServerInfo;
+  }
+
+  /** SGLang's PD mode: the `disaggregation_mode` the server states (`prefill`, `decode`, `null`), once it answered. */
+  disaggregationMode(): string | undefined {
+    return this.statedMode;
   }
 
   /**
@@ -222,7 +232,7 @@ export class OpenAIUpstreamEngine implements Engine {
   pairedKvTransfer(): SglangBootstrap | undefined {
     if (this.pd !== "sglang" || this.role !== "prefill") return undefined;
     // Until the server says otherwise, SGLang's default port.
-    if (this.bootstrapPort === undefined) void this.learnBootstrapPort();
+    if (this.bootstrapPort === undefined) void this.readServerInfo();
     return {
       bootstrap_host: bootstrapHostOf(this.baseUrl),
       bootstrap_port: this.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT,
