@@ -69,7 +69,8 @@ function errorBody(message: string, status: number, param: string | null = null)
   return { error: { message, type, param, code: status } };
 }
 
-class BadRequest extends Error {
+/** An answer with an error status (400 unless said), in vLLM's error body. */
+class HttpError extends Error {
   constructor(
     message: string,
     readonly status = 400,
@@ -82,7 +83,7 @@ class BadRequest extends Error {
 function positiveInt(value: unknown, name: string): number | undefined {
   if (value === undefined || value === null) return undefined;
   if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
-    throw new BadRequest(`${name} must be an integer ≥ 1, got ${JSON.stringify(value)}`, 400, name);
+    throw new HttpError(`${name} must be an integer ≥ 1, got ${JSON.stringify(value)}`, 400, name);
   }
   return value;
 }
@@ -92,7 +93,7 @@ function parseRank(header: string | undefined, field: unknown): number | undefin
   if (raw === undefined || raw.trim() === "") return undefined;
   const rank = Number(raw.trim());
   if (!Number.isInteger(rank) || rank < 0) {
-    throw new BadRequest(`x-data-parallel-rank must be a non-negative integer, got ${JSON.stringify(raw)}`);
+    throw new HttpError(`x-data-parallel-rank must be a non-negative integer, got ${JSON.stringify(raw)}`);
   }
   return rank;
 }
@@ -143,7 +144,7 @@ export function createSimApp(
   const app = new Hono();
 
   app.onError((error, c) => {
-    if (error instanceof BadRequest)
+    if (error instanceof HttpError)
       return c.json(errorBody(error.message, error.status, error.param), error.status as 400);
     if (error instanceof Refusal) {
       // vLLM answers every request it cannot serve (too long, bad parameters) with 400.
@@ -209,13 +210,13 @@ export function createSimApp(
       try {
         body = (await c.req.json()) as Json;
       } catch (error) {
-        throw new BadRequest(`request body is not JSON: ${(error as Error).message}`);
+        throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
       }
       if (!body || typeof body !== "object" || Array.isArray(body))
-        throw new BadRequest("request body must be a JSON object");
+        throw new HttpError("request body must be a JSON object");
       const model = body.model;
       if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
-        throw new BadRequest(`The model \`${String(model)}\` does not exist.`, 404, "model");
+        throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
       }
       const promptTokens =
         kind === "chat" ? chatTokens(prompts, body.messages) : completionTokens(prompts, body.prompt);
@@ -226,7 +227,7 @@ export function createSimApp(
       const maxTokens = requested ?? Math.max(1, Math.min(defaultMaxTokens, room));
       const rank = parseRank(c.req.header("x-data-parallel-rank"), body.data_parallel_rank);
       const n = body.n;
-      if (n !== undefined && n !== null && n !== 1) throw new BadRequest("only n = 1 is supported", 400, "n");
+      if (n !== undefined && n !== null && n !== 1) throw new HttpError("only n = 1 is supported", 400, "n");
       const stream = body.stream === true;
       const requestId = c.req.header("x-request-id") ?? randomUUID().replaceAll("-", "");
       const local = new AbortController();
@@ -245,7 +246,7 @@ export function createSimApp(
       const transfer = body.kv_transfer_params;
       if (transfer !== undefined && transfer !== null) {
         if (typeof transfer !== "object" || Array.isArray(transfer)) {
-          throw new BadRequest("kv_transfer_params must be an object", 400, "kv_transfer_params");
+          throw new HttpError("kv_transfer_params must be an object", 400, "kv_transfer_params");
         }
         call.kvTransferParams = transfer as Json;
       }
@@ -273,7 +274,7 @@ export function createSimApp(
 function roomOf(value: unknown): number {
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
     // sgl-project/sglang, python/sglang/srt/managers/scheduler.py (handle_generate_request).
-    throw new BadRequest(
+    throw new HttpError(
       "Invalid request: Disaggregated request received without bootstrap room id.",
       400,
       "bootstrap_room",
@@ -310,7 +311,7 @@ async function sglangLeg(
         return { promptTokens: call.promptTokens.length };
       });
     } catch (error) {
-      if (error instanceof RoomTaken) throw new BadRequest(error.message, 400, "bootstrap_room");
+      if (error instanceof RoomTaken) throw new HttpError(error.message, 400, "bootstrap_room");
       throw error;
     }
     // The answer is its one token, read from the finished computation.
@@ -319,7 +320,7 @@ async function sglangLeg(
   const host = body.bootstrap_host;
   const port = body.bootstrap_port;
   if (typeof host !== "string" || host === "" || !Number.isInteger(port)) {
-    throw new BadRequest(
+    throw new HttpError(
       "bootstrap_host and bootstrap_port must name the prefill server",
       400,
       "bootstrap_host",
@@ -329,7 +330,7 @@ async function sglangLeg(
     await joinPrefill(host, port as number, room, signal);
   } catch (error) {
     if (signal.aborted) throw signal.reason;
-    throw new BadRequest(
+    throw new HttpError(
       `Decode transfer failed for request rid=${call.requestId} bootstrap_room=${room}: ${(error as Error).message}`,
       500,
     );
@@ -340,11 +341,11 @@ async function sglangLeg(
 
 function chatTokens(prompts: PromptTokenizer, messages: unknown): number[] {
   if (!Array.isArray(messages) || messages.length === 0) {
-    throw new BadRequest("messages must be a non-empty array", 400, "messages");
+    throw new HttpError("messages must be a non-empty array", 400, "messages");
   }
   for (const [i, m] of messages.entries()) {
     if (!m || typeof m !== "object" || typeof (m as Json).role !== "string") {
-      throw new BadRequest(`messages[${i}] must be an object with a string role`, 400, "messages");
+      throw new HttpError(`messages[${i}] must be an object with a string role`, 400, "messages");
     }
   }
   const tokens = prompts.chat(messages as ChatMessage[]);
@@ -358,13 +359,13 @@ function completionTokens(prompts: PromptTokenizer, prompt: unknown): number[] {
   if (Array.isArray(prompt)) {
     if (prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0)) return prompt as number[];
     if (prompt.length === 1) return completionTokens(prompts, prompt[0]);
-    throw new BadRequest(
+    throw new HttpError(
       "prompt must be one string or one array of token ids (batches are not supported)",
       400,
       "prompt",
     );
   }
-  throw new BadRequest("prompt must be a string or an array of token ids", 400, "prompt");
+  throw new HttpError("prompt must be a string or an array of token ids", 400, "prompt");
 }
 
 async function fullResponse(
