@@ -18,10 +18,12 @@ export interface EngineCall {
   /** Aborting it cancels the call at the engine, before or after its first byte. */
   signal: AbortSignal;
   /**
-   * Disaggregated serving (vLLM's KV connector protocol): on a prefill call,
+   * Disaggregated serving. vLLM's KV connector flow: on a prefill call,
    * `{ do_remote_decode: true, … }` asks the engine to keep the prompt's KV for
    * a decode replica to pull; on the decode call, the parameters the prefill
    * answered with, so the engine loads that KV instead of computing it.
+   * SGLang's PD mode: on both calls, the pairing its prefill engine gave
+   * ({@link Engine.pairedKvTransfer}).
    */
   kvTransferParams?: Readonly<Record<string, unknown>>;
 }
@@ -142,6 +144,13 @@ export interface Engine {
   readonly role?: ReplicaRole;
   /** Model names this replica serves. */
   models(): readonly string[];
+  /**
+   * A prefill replica whose decode call must start with its prefill call
+   * (SGLang's PD mode: the prefill server waits for the decode server to join
+   * it) gives, for each call, the parameters both calls carry. Absent or
+   * undefined: the decode call carries what the prefill answered (vLLM's flow).
+   */
+  pairedKvTransfer?(): Readonly<Record<string, unknown>> | undefined;
   /**
    * Starts a call. Resolves once the engine accepted it (an HTTP engine: once
    * the upstream answered 200); rejects with a `Refusal` when the engine refused

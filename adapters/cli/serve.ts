@@ -146,6 +146,8 @@ async function buildEngines(
           baseUrl: spec.url,
           id: spec.name,
           ...(spec.role !== undefined ? { role: spec.role } : {}),
+          ...(spec.pd !== undefined ? { pd: spec.pd } : {}),
+          ...(spec.bootstrapPort !== undefined ? { bootstrapPort: spec.bootstrapPort } : {}),
           ...(spec.kvCapacityTokens !== undefined ? { kvCapacityTokens: spec.kvCapacityTokens } : {}),
         }),
     );
@@ -156,6 +158,12 @@ async function buildEngines(
       const { line, warning } = describeUpstream(engine.id, upstreams[i]!.url, engine.signals());
       log(line);
       if (warning) log(warning);
+      const mode = engine.disaggregationMode();
+      if (mode !== undefined && mode !== engine.role) {
+        log(
+          `sluice: warning: upstream ${engine.id} is configured role=${engine.role},pd=sglang but states disaggregation_mode ${mode}`,
+        );
+      }
     }
     return {
       engines,
@@ -520,8 +528,9 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     topic: ENGINES,
     schema: z.array(z.string().refine((text) => parses(() => parseUpstreamSpec(text)))),
     placeholder: "<[name=]url|role=…,name=…,url=…>",
-    expects: "an http(s) URL, optionally as NAME=URL or role=prefill|decode|both,name=NAME,url=URL",
-    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); role=prefill|decode makes a disaggregated fleet (docs/disaggregated.md); none: simulated replicas",
+    expects:
+      "an http(s) URL, optionally as NAME=URL or role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N]",
+    help: "OpenAI-compatible engine; NAME is the replica id (default host:port); role=prefill|decode makes a disaggregated fleet speaking vLLM's request flow, or SGLang's PD mode with pd=sglang (docs/disaggregated.md); none: simulated replicas",
   }),
   defineSetting({
     flag: "kv-capacity-tokens",

@@ -58,6 +58,14 @@ export const SIM_SETTINGS: readonly Setting[] = [
     { placeholder: "<prefill|decode|both>" },
   ),
   simSetting(
+    "pd",
+    "pd",
+    REPLICA,
+    z.enum(["vllm", "sglang"]).default("vllm"),
+    "request flow of a prefill or decode replica: vllm (kv_transfer_params) or sglang (SGLang's PD mode: bootstrap_host, bootstrap_port, bootstrap_room on both requests; the bootstrap port is the server's own)",
+    { placeholder: "<vllm|sglang>" },
+  ),
+  simSetting(
     "data-parallel-size",
     "dataParallelSize",
     REPLICA,
@@ -156,6 +164,7 @@ interface SimFlags {
   model?: string;
   dataParallelSize?: number;
   role?: ReplicaRole;
+  pd?: "vllm" | "sglang";
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCapacityTokens?: number;
@@ -224,6 +233,7 @@ async function serveSim(
       ...(model !== undefined ? { model } : {}),
       ...(dataParallelSize !== undefined ? { dataParallelSize } : {}),
       ...(flags.role !== undefined ? { role: flags.role } : {}),
+      ...(flags.pd !== undefined && flags.pd !== "vllm" ? { pd: flags.pd } : {}),
       ...(defaultMaxTokens !== undefined ? { defaultMaxTokens } : {}),
       ...(seed !== undefined ? { seed } : {}),
       ...(tokenizer !== undefined ? { tokenizer } : {}),
@@ -240,7 +250,7 @@ async function serveSim(
   }
   const p = server.engine.params;
   stdout(
-    `sluice sim: ${server.engine.model} (${preset ?? DEFAULT_PRESET}, ${server.engine.role === "both" ? "" : `${server.engine.role}, `}${server.engine.dataParallelSize} rank(s), ` +
+    `sluice sim: ${server.engine.model} (${preset ?? DEFAULT_PRESET}, ${server.engine.role === "both" ? "" : `${server.engine.role}${flags.pd === "sglang" ? " (SGLang's PD mode)" : ""}, `}${server.engine.dataParallelSize} rank(s), ` +
       `${server.engine.blocksPerRank()} blocks of ${p.blockSize} tokens per rank, max_num_seqs ${p.maxNumSeqs}) ` +
       `listening on ${server.url}\n`,
   );

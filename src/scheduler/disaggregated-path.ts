@@ -6,7 +6,8 @@
  * `kv_transfer_params.do_remote_decode`, whose answer's `kv_transfer_params`
  * the decode call carries (vllm-project/vllm,
  * tests/v1/kv_connector/nixl_integration/toy_proxy_server.py) — each through
- * its own replica's gate.
+ * its own replica's gate. A prefill replica that pairs the two calls instead
+ * (SGLang's PD mode, `Engine.pairedKvTransfer`) has both run at once.
  */
 
 import { followAbort } from "../abort.js";
@@ -220,6 +221,12 @@ export class DisaggregatedPath {
         replica: prefill.id,
         queueWaitMs: prefillAdmittedAt - call.startedAt,
       });
+      const pairing = prefill.engine.pairedKvTransfer?.();
+      if (pairing) {
+        // The decode call starts with the prefill: without a predicted hold, it is placed on current load now.
+        decode ??= this.placeOnArrival(demand, call);
+        return await this.runPaired(call, holds, decode, pairing, prefillAdmittedAt);
+      }
       const handover = await this.runPrefill(call, holds);
       holds.permit?.release();
       holds.permit = null;
@@ -227,12 +234,7 @@ export class DisaggregatedPath {
       holds.reservation = null;
       try {
         // Without a predicted hold, the call is checked on current decode load now that it is here.
-        if (!decode) {
-          const here = { ...demand(), prefillDoneInMs: 0 };
-          const placed = this.place(here, "current");
-          if (!placed) throw this.refusal(here, "current", lane);
-          decode = this.holdDecode(placed.replica, decodeTokens, call.maxTokens, undefined)!;
-        }
+        decode ??= this.placeOnArrival(demand, call);
         return await this.runDecode(call, decode, handover, prefillAdmittedAt);
       } catch (error) {
         if (error instanceof Refusal) this.wasted(prefill, uncached, error.reason);
@@ -240,6 +242,62 @@ export class DisaggregatedPath {
       }
     } catch (error) {
       if (decode) this.releaseDecode(decode);
+      throw error;
+    }
+  }
+
+  /** The decode hold of a call checked on current decode load as its KV arrives; refuses when none has room. */
+  private placeOnArrival(demand: () => DecodeDemand, call: RoutedCall): DecodeHold {
+    const here = { ...demand(), prefillDoneInMs: 0 };
+    const placed = this.place(here, "current");
+    if (!placed) throw this.refusal(here, "current", call.lane);
+    return this.holdDecode(placed.replica, here.tokens, call.maxTokens, undefined)!;
+  }
+
+  /**
+   * SGLang's flow: the prefill and the decode call run at once, both carrying
+   * the pairing (the prefill server waits for the decode server to join it).
+   * A failure of either stops the other. The call is admitted once its decode
+   * call answered and its prefill ended, so a failed prefill is still a
+   * refusal before the first byte.
+   */
+  private async runPaired(
+    call: RoutedCall,
+    holds: { reservation: Reservation | null; permit: Permit | null; inflight: number },
+    decode: DecodeHold,
+    pairing: Readonly<Record<string, unknown>>,
+    admittedAt: number,
+  ): Promise<AdmittedCall> {
+    const stopPrefill = new AbortController();
+    const stopDecode = new AbortController();
+    let prefillFailure: unknown;
+    let prefilled = false;
+    const prefillLeg = this.runPrefill(call, holds, { pairing, signal: stopPrefill.signal }).then(
+      () => {
+        prefilled = true;
+        holds.permit?.release();
+        holds.permit = null;
+        holds.reservation?.release();
+        holds.reservation = null;
+      },
+      (error: unknown) => {
+        if (!stopPrefill.signal.aborted) prefillFailure = error;
+        stopDecode.abort(error);
+        throw error;
+      },
+    );
+    // Observed by the decode leg once it answered; a decode leg that fails first does not wait for it.
+    prefillLeg.catch(() => undefined);
+    try {
+      return await this.runDecode(call, decode, pairing, admittedAt, {
+        signal: stopDecode.signal,
+        prefillLeg,
+      });
+    } catch (error) {
+      stopPrefill.abort(error);
+      await prefillLeg.catch(() => undefined);
+      if (prefillFailure !== undefined) throw prefillFailure;
+      if (prefilled && error instanceof Refusal) this.wasted(call.prefill, call.uncached, error.reason);
       throw error;
     }
   }
@@ -479,11 +537,15 @@ export class DisaggregatedPath {
     if (refusal) throw refusal;
   }
 
-  /** The prefill leg: one token, the KV kept for the decode side; resolves with the hand-over parameters. */
+  /**
+   * The prefill leg: one token, the KV kept for the decode side; resolves with
+   * the hand-over parameters (with a pairing, the pairing itself).
+   */
   private async runPrefill(
     call: RoutedCall,
     holds: { reservation: Reservation | null; inflight: number },
-  ): Promise<Record<string, unknown>> {
+    paired?: { pairing: Readonly<Record<string, unknown>>; signal: AbortSignal },
+  ): Promise<Readonly<Record<string, unknown>>> {
     const { req, prefill, uncached } = call;
     holds.reservation?.activate();
     prefill.startPrefill(uncached);
@@ -491,6 +553,7 @@ export class DisaggregatedPath {
     const startedAt = this.ctx.clock.now();
     const abort = new AbortController();
     const unlink = followAbort(req.signal, abort);
+    const unlinkPaired = followAbort(paired?.signal, abort);
     let result: EngineResult;
     prefill.callStarted();
     try {
@@ -503,7 +566,7 @@ export class DisaggregatedPath {
         ...(req.body ? { body: req.body } : {}),
         stream: false,
         signal: abort.signal,
-        kvTransferParams: PREFILL_TRANSFER_REQUEST,
+        kvTransferParams: paired?.pairing ?? PREFILL_TRANSFER_REQUEST,
       });
       result = await drain(stream);
     } catch (error) {
@@ -518,6 +581,7 @@ export class DisaggregatedPath {
       throw error;
     } finally {
       unlink();
+      unlinkPaired();
       prefill.endPrefill(holds.inflight);
       holds.inflight = 0;
       prefill.callEnded();
@@ -527,6 +591,7 @@ export class DisaggregatedPath {
     const elapsed = this.ctx.clock.now() - startedAt;
     if (uncached > 0 && elapsed > 0) prefill.prefillRate.observe(uncached, elapsed);
     this.ctx.recordPrefix(prefill, call.hashes);
+    if (paired) return paired.pairing;
     if (!result.kvTransferParams) {
       throw new Refusal(
         "unavailable",
@@ -537,19 +602,29 @@ export class DisaggregatedPath {
     return result.kvTransferParams;
   }
 
-  /** The decode leg, through the decode replica's gate; from its start the admitted call owns every hold. */
+  /**
+   * The decode leg, through the decode replica's gate; from its start the
+   * admitted call owns every hold. Beside a paired prefill leg, it stops when
+   * `paired.signal` aborts and is admitted only once the prefill leg ended.
+   */
   private async runDecode(
     call: RoutedCall,
     hold: DecodeHold,
-    handover: Record<string, unknown>,
+    handover: Readonly<Record<string, unknown>>,
     admittedAt: number,
+    paired?: { signal: AbortSignal; prefillLeg: Promise<void> },
   ): Promise<AdmittedCall> {
     const { req, lane } = call;
     const replica = hold.replica;
     const gateStart = this.ctx.clock.now();
-    let permit = await this.ctx.passGate(req, replica, lane, 0);
+    // Beside a paired prefill leg, a failed prefill also ends the wait at the decode gate.
+    const gateReq = paired
+      ? { ...req, signal: AbortSignal.any(req.signal ? [req.signal, paired.signal] : [paired.signal]) }
+      : req;
+    let permit = await this.ctx.passGate(gateReq, replica, lane, 0);
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
+    const unlinkPaired = followAbort(paired?.signal, abort);
     let stream: EngineStream;
     try {
       hold.reservation?.activate();
@@ -565,12 +640,17 @@ export class DisaggregatedPath {
         kvTransferParams: handover,
         ...(permit?.rank !== undefined ? { rank: permit.rank } : {}),
       });
+      await paired?.prefillLeg;
     } catch (error) {
+      // Stops a decode call that answered beside a prefill leg that failed.
+      abort.abort(error);
       unlinkSignal();
+      unlinkPaired();
       permit?.release();
       permit = null;
       throw error;
     }
+    unlinkPaired();
     replica.callStarted();
     this.startDecoding(hold);
     const held = this.ctx.holdings({

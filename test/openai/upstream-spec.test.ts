@@ -146,3 +146,58 @@ describe("--upstream with a role (disaggregated fleets)", () => {
     }
   });
 });
+
+describe("--upstream with a request flow (pd=vllm|sglang)", () => {
+  it("pd=sglang and a bootstrap port on a prefill replica, pd on a decode replica", () => {
+    assert.deepEqual(
+      parseUpstreamSpec("role=prefill,name=p0,url=http://gpu-0:30000,pd=sglang,bootstrap_port=8998"),
+      {
+        name: "p0",
+        url: "http://gpu-0:30000",
+        role: "prefill",
+        pd: "sglang",
+        bootstrapPort: 8998,
+      },
+    );
+    assert.deepEqual(parseUpstreamSpec("pd=sglang;role=decode;url=http://gpu-1:30000"), {
+      name: "gpu-1:30000",
+      url: "http://gpu-1:30000",
+      role: "decode",
+      pd: "sglang",
+    });
+  });
+
+  it("refuses an unknown flow, a flow without a prefill or decode role, and a bootstrap port elsewhere", () => {
+    for (const bad of [
+      "role=prefill,url=http://x:1,pd=dynamo",
+      "url=http://x:1,pd=sglang",
+      "role=both,url=http://x:1,pd=vllm",
+      "role=decode,url=http://x:1,pd=sglang,bootstrap_port=8998",
+      "role=prefill,url=http://x:1,bootstrap_port=8998",
+      "role=prefill,url=http://x:1,pd=sglang,bootstrap_port=0",
+      "role=prefill,url=http://x:1,pd=sglang,bootstrap_port=port",
+    ]) {
+      assert.throws(
+        () => parseUpstreamSpec(bad),
+        (error: Error) => error instanceof UpstreamSpecError && /pd=|bootstrap_port=/.test(error.message),
+        bad,
+      );
+    }
+  });
+
+  it("a fleet speaks one flow: a prefill and a decode replica of different flows are refused", () => {
+    assert.throws(
+      () =>
+        resolveUpstreams([
+          "role=prefill,name=p0,url=http://p:1,pd=sglang",
+          "role=decode,name=d0,url=http://d:1",
+        ]),
+      (error: Error) => error instanceof UpstreamSpecError && /one pd=/.test(error.message),
+    );
+    const specs = resolveUpstreams([
+      "role=prefill,name=p0,url=http://p:1,pd=vllm",
+      "role=decode,name=d0,url=http://d:1",
+    ]);
+    assert.equal(specs.length, 2, "pd=vllm is the default");
+  });
+});

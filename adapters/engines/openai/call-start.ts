@@ -1,10 +1,11 @@
 /** @module Starting a call at the upstream: the body and headers sent, the wait for headers, and the refusals before any output. */
 
 import type { Clock } from "../../../src/clock.js";
-import type { EngineCall } from "../../../src/engine.js";
+import type { EngineCall, ReplicaRole } from "../../../src/engine.js";
 import { Refusal } from "../../../src/errors.js";
 import { CallStop, stopCause } from "./call-stop.js";
 import { refusalFor } from "./error-mapping.js";
+import { applyKvTransfer } from "./pd-protocol.js";
 import type { UpstreamResponse, UpstreamTransport } from "./transport.js";
 import { describeNetworkError, isRecord, isSuccess, readText } from "./upstream-http.js";
 import { UpstreamStream } from "./upstream-stream.js";
@@ -12,6 +13,8 @@ import { UpstreamStream } from "./upstream-stream.js";
 /** What starting a call needs from its engine. */
 export interface CallContext {
   readonly replicaId: string;
+  /** Its role in a disaggregated fleet: which leg of a call it runs. */
+  readonly role: ReplicaRole;
   readonly baseUrl: string;
   readonly transport: UpstreamTransport;
   readonly clock: Clock;
@@ -33,7 +36,7 @@ export interface CallContext {
 }
 
 /** The body sent upstream: the client's, with the admitted model and output cap; streamed when the client streams. */
-export function upstreamBody(call: EngineCall): Record<string, unknown> {
+export function upstreamBody(call: EngineCall, role: ReplicaRole = "both"): Record<string, unknown> {
   const body: Record<string, unknown> = { ...(call.body ?? {}) };
   body.model = call.model;
   if (body.max_completion_tokens !== undefined) {
@@ -43,15 +46,7 @@ export function upstreamBody(call: EngineCall): Record<string, unknown> {
   if (body.prompt === undefined && body.messages === undefined) {
     if (call.endpoint === "completions") body.prompt = [...call.promptTokens];
   }
-  if (call.kvTransferParams) {
-    body.kv_transfer_params = { ...call.kvTransferParams };
-    if (call.kvTransferParams.do_remote_decode === true) {
-      // A prefill leg, as vLLM's toy proxy sends it (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py):
-      // output floors are not supported there; the decode leg keeps them.
-      delete body.min_tokens;
-      delete body.min_completion_tokens;
-    }
-  }
+  applyKvTransfer(body, call, role);
   if (!call.stream) {
     // A client that does not stream gets one JSON answer: asking the upstream for the same is cheaper than
     // parsing its events, and the permit's waiting part then ends at completion, as SPEC 4 allows.
@@ -122,7 +117,7 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
       {
         method: "POST",
         headers: callHeaders(context, call),
-        body: JSON.stringify(upstreamBody(call)),
+        body: JSON.stringify(upstreamBody(call, context.role)),
         signal,
       },
     );

@@ -197,27 +197,34 @@ export class UpstreamScraper {
     throw failure;
   }
 
-  /** SGLang states its pool size in its server info; read when its metrics do not carry it. */
-  private async fetchServerInfo(): Promise<void> {
+  /** SGLang's server info (its `server_args` and scheduler facts), or undefined when it answers none. Never rejects. */
+  async readServerInfo(): Promise<Record<string, unknown> | undefined> {
     for (const path of ["/server_info", "/get_server_info"]) {
       try {
         const body: unknown = JSON.parse(await this.getText(path));
-        if (!isRecord(body)) continue;
-        const dpSize = positiveInteger(body.dp_size) ?? 1;
-        const info: ServerInfo = {};
-        // With data parallelism the figure is one rank's; the metrics say how many ranks there are.
-        const total = positiveInteger(body.max_total_num_tokens);
-        if (total !== undefined && dpSize === 1) info.maxTotalNumTokens = total;
-        const pageSize = positiveInteger(body.page_size);
-        if (pageSize !== undefined) info.pageSize = pageSize;
-        const maxRunning = positiveInteger(body.max_running_requests);
-        if (maxRunning !== undefined) info.maxRunningRequests = maxRunning;
-        this.serverInfo = info;
-        return;
+        if (isRecord(body)) return body;
       } catch {
-        // Try the older path, then give up: the operator's --kv-capacity-tokens is the way left.
+        // Try the older path, then give up.
       }
     }
+    return undefined;
+  }
+
+  /** SGLang states its pool size in its server info; read when its metrics do not carry it. */
+  private async fetchServerInfo(): Promise<void> {
+    const body = await this.readServerInfo();
+    // Without it, the operator's --kv-capacity-tokens is the way left.
+    if (!body) return;
+    const dpSize = positiveInteger(body.dp_size) ?? 1;
+    const info: ServerInfo = {};
+    // With data parallelism the figure is one rank's; the metrics say how many ranks there are.
+    const total = positiveInteger(body.max_total_num_tokens);
+    if (total !== undefined && dpSize === 1) info.maxTotalNumTokens = total;
+    const pageSize = positiveInteger(body.page_size);
+    if (pageSize !== undefined) info.pageSize = pageSize;
+    const maxRunning = positiveInteger(body.max_running_requests);
+    if (maxRunning !== undefined) info.maxRunningRequests = maxRunning;
+    this.serverInfo = info;
   }
 
   /** Fetches `/v1/models` now; keeps the previous list on failure. Never rejects. */

@@ -11,6 +11,13 @@ import type { Engine, EngineCall, EngineSignals, EngineStream, ReplicaRole } fro
 import { type CallContext, startUpstreamCall } from "./call-start.js";
 import { CallStop } from "./call-stop.js";
 import type { EngineFlavor } from "./engine-profiles.js";
+import {
+  bootstrapHostOf,
+  type PdProtocol,
+  SGLANG_DEFAULT_BOOTSTRAP_PORT,
+  type SglangBootstrap,
+  sglangBootstrapRoom,
+} from "./pd-protocol.js";
 import { type UpstreamModel, UpstreamScraper } from "./scraper.js";
 import { fetchTransport, type UpstreamTransport, undiciTransport } from "./transport.js";
 
@@ -43,6 +50,13 @@ export interface OpenAIUpstreamOptions {
   kvCapacityTokens?: number;
   /** Its role in a disaggregated fleet (`--upstream role=…`); default `both`. */
   role?: ReplicaRole;
+  /** The request flow it speaks in that role (`--upstream pd=…`, `pd-protocol.ts`); default `vllm`. */
+  pd?: PdProtocol;
+  /**
+   * SGLang prefill server: the port of its bootstrap server. Default: the
+   * `disaggregation_bootstrap_port` its server info states at `start()`, else SGLang's 8998.
+   */
+  bootstrapPort?: number;
 }
 
 function positive(name: string, value: number): number {
@@ -85,7 +99,15 @@ function normalizeBaseUrl(raw: string): URL {
 export class OpenAIUpstreamEngine implements Engine {
   readonly id: string;
   readonly role: ReplicaRole;
+  readonly pd: PdProtocol;
   readonly baseUrl: string;
+  /** SGLang prefill server: where its decode servers join it (undefined: not known yet). */
+  private bootstrapPort: number | undefined;
+  /** SGLang's `disaggregation_mode` as its server info states it, once it answered. */
+  private statedMode: string | undefined;
+  private serverInfoRead = false;
+  /** The server info being read, while it is. */
+  private readingServerInfo: Promise<void> | undefined;
   private readonly transport: UpstreamTransport;
   private readonly presetModels: readonly string[];
   private readonly apiKey: string | undefined;
@@ -103,6 +125,15 @@ export class OpenAIUpstreamEngine implements Engine {
     this.baseUrl = url.href.replace(/\/$/, "");
     this.id = options.id ?? url.host;
     this.role = options.role ?? "both";
+    this.pd = options.pd ?? "vllm";
+    const bootstrapPort = options.bootstrapPort;
+    if (
+      bootstrapPort !== undefined &&
+      !(Number.isInteger(bootstrapPort) && bootstrapPort > 0 && bootstrapPort < 65536)
+    ) {
+      throw new RangeError(`OpenAIUpstreamEngine: bootstrapPort must be a TCP port, got ${bootstrapPort}`);
+    }
+    this.bootstrapPort = bootstrapPort;
     const clock = options.clock ?? realClock;
     const scrapeIntervalMs = positive("scrapeIntervalMs", options.scrapeIntervalMs ?? 1000);
     const scrapeTimeoutMs = positive("scrapeTimeoutMs", options.scrapeTimeoutMs ?? 2000);
@@ -139,6 +170,7 @@ export class OpenAIUpstreamEngine implements Engine {
     });
     this.callContext = {
       replicaId: this.id,
+      role: this.role,
       baseUrl: this.baseUrl,
       transport: this.transport,
       clock,
@@ -163,7 +195,49 @@ export class OpenAIUpstreamEngine implements Engine {
    * (`signals().healthy` tells); never rejects. Idempotent.
    */
   start(): Promise<void> {
-    return this.scraper.start();
+    return Promise.all([this.scraper.start(), this.readServerInfo()]).then(() => undefined);
+  }
+
+  /**
+   * An SGLang server in PD mode states its mode and, on the prefill side, its
+   * bootstrap port in its server info (its `server_args`). Read at start, and
+   * again by calls while the server has not answered.
+   */
+  private readServerInfo(): Promise<void> {
+    if (this.pd !== "sglang" || this.serverInfoRead) return Promise.resolve();
+    this.readingServerInfo ??= this.scraper.readServerInfo().then((info) => {
+      this.readingServerInfo = undefined;
+      if (!info) return;
+      this.serverInfoRead = true;
+      if (typeof info.disaggregation_mode === "string") this.statedMode = info.disaggregation_mode;
+      if (this.role !== "prefill" || this.bootstrapPort !== undefined) return;
+      // A server info without the port: SGLang's default.
+      const port = info.disaggregation_bootstrap_port;
+      const stated = typeof port === "number" && Number.isInteger(port) && port > 0 && port < 65536;
+      this.bootstrapPort = stated ? port : SGLANG_DEFAULT_BOOTSTRAP_PORT;
+    });
+    return this.readingServerInfo;
+  }
+
+  /** SGLang's PD mode: the `disaggregation_mode` the server states (`prefill`, `decode`, `null`), once it answered. */
+  disaggregationMode(): string | undefined {
+    return this.statedMode;
+  }
+
+  /**
+   * SGLang's PD mode, on a prefill server: a fresh pairing for one call — this
+   * server's host and bootstrap port, and a new room — which its prefill and
+   * decode calls both carry. Undefined for vLLM's flow.
+   */
+  pairedKvTransfer(): SglangBootstrap | undefined {
+    if (this.pd !== "sglang" || this.role !== "prefill") return undefined;
+    // Until the server says otherwise, SGLang's default port.
+    if (this.bootstrapPort === undefined) void this.readServerInfo();
+    return {
+      bootstrap_host: bootstrapHostOf(this.baseUrl),
+      bootstrap_port: this.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT,
+      bootstrap_room: sglangBootstrapRoom(),
+    };
   }
 
   /** Stops scraping and aborts every running call (their iteration throws `EngineError`). */

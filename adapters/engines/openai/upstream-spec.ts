@@ -1,9 +1,11 @@
 /**
- * @module Named upstreams: `--upstream [NAME=]URL` (or `role=ROLE,name=NAME,url=URL`) and `--kv-capacity-tokens [NAME=]N`,
+ * @module Named upstreams: `--upstream [NAME=]URL` (or `role=ROLE,name=NAME,url=URL[,pd=vllm|sglang,bootstrap_port=N]`)
+ * and `--kv-capacity-tokens [NAME=]N`,
  * and the start-up lines that say what sluice made of each upstream's metrics.
  */
 
 import type { EngineSignals, ReplicaRole } from "../../../src/engine.js";
+import { PD_PROTOCOLS, type PdProtocol } from "./pd-protocol.js";
 
 /** One upstream as configured. */
 export interface UpstreamSpec {
@@ -13,6 +15,10 @@ export interface UpstreamSpec {
   url: string;
   /** Its role in a disaggregated fleet; absent: `both`. */
   role?: ReplicaRole;
+  /** The disaggregated request flow it speaks (`pd-protocol.ts`); absent: vLLM's. */
+  pd?: PdProtocol;
+  /** SGLang prefill server: its bootstrap server's port; absent: the one its server info states, else 8998. */
+  bootstrapPort?: number;
   /** KV capacity (tokens) to use when the engine states none. */
   kvCapacityTokens?: number;
 }
@@ -34,11 +40,14 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const NAMED = /^([^=:/]+)=(.*)$/;
 
 const ROLES: readonly ReplicaRole[] = ["prefill", "decode", "both"];
-const FIELDS = "role=prefill|decode|both,name=NAME,url=URL";
+const FIELDS = "role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N]";
+const KEYS = ["role", "name", "url", "pd", "bootstrap_port"];
 
 /**
  * Reads the key form `role=prefill,name=p0,url=http://…` (keys in any order;
- * `url` required, `name` and `role` optional). Keys may also be separated by
+ * `url` required, `name` and `role` optional; `pd` and `bootstrap_port` for a
+ * prefill or decode replica only, `bootstrap_port` with `pd=sglang` on a prefill
+ * replica only). Keys may also be separated by
  * `;`, since `SLUICE_UPSTREAM` separates upstreams with commas. A URL holding
  * a comma or a semicolon must use the `NAME=URL` form, with no role.
  */
@@ -47,7 +56,7 @@ function parseFieldSpec(raw: string, text: string): UpstreamSpec {
   for (const part of text.split(/[,;]/)) {
     const eq = part.indexOf("=");
     const key = eq < 0 ? "" : part.slice(0, eq).trim();
-    if (!["role", "name", "url"].includes(key) || fields.has(key)) {
+    if (!KEYS.includes(key) || fields.has(key)) {
       throw new UpstreamSpecError("--upstream", FIELDS, raw);
     }
     fields.set(key, part.slice(eq + 1).trim());
@@ -60,13 +69,37 @@ function parseFieldSpec(raw: string, text: string): UpstreamSpec {
   }
   const name = fields.get("name");
   const spec = parseUpstreamSpec(name === undefined ? url : `${name}=${url}`);
-  return role === undefined ? spec : { ...spec, role: role as ReplicaRole };
+  if (role !== undefined) spec.role = role as ReplicaRole;
+  const pd = fields.get("pd");
+  if (pd !== undefined) {
+    if (!PD_PROTOCOLS.includes(pd as PdProtocol) || (role !== "prefill" && role !== "decode")) {
+      throw new UpstreamSpecError(
+        "--upstream",
+        `pd=vllm or pd=sglang on a prefill or decode replica (${FIELDS})`,
+        raw,
+      );
+    }
+    spec.pd = pd as PdProtocol;
+  }
+  const port = fields.get("bootstrap_port");
+  if (port !== undefined) {
+    const number = Number(port);
+    if (!/^[0-9]+$/.test(port) || number < 1 || number > 65535 || role !== "prefill" || pd !== "sglang") {
+      throw new UpstreamSpecError(
+        "--upstream",
+        `bootstrap_port=N (1–65535) on a prefill replica with pd=sglang (${FIELDS})`,
+        raw,
+      );
+    }
+    spec.bootstrapPort = number;
+  }
+  return spec;
 }
 
 /** Reads `NAME=URL`, a plain `URL` (named after its host:port) or the key form with a role. */
 export function parseUpstreamSpec(raw: string): UpstreamSpec {
   const text = raw.trim();
-  if (/^(role|name|url)=/.test(text) && /[,;]/.test(text)) return parseFieldSpec(raw, text);
+  if (/^(role|name|url|pd|bootstrap_port)=/.test(text) && /[,;]/.test(text)) return parseFieldSpec(raw, text);
   if (/^(role|url)=/.test(text)) return parseFieldSpec(raw, text);
   const named = NAMED.exec(text);
   const name = named ? named[1]!.trim() : undefined;
@@ -135,6 +168,17 @@ export function resolveUpstreams(
     seen.add(spec.name);
     const tokens = capacity.byName.get(spec.name) ?? capacity.all;
     if (tokens !== undefined) spec.kvCapacityTokens = tokens;
+  }
+  // The prefill and decode replica of a call speak one request flow: the fleet speaks one.
+  const flows = new Set(
+    specs.filter((s) => s.role === "prefill" || s.role === "decode").map((s) => s.pd ?? "vllm"),
+  );
+  if (flows.size > 1) {
+    throw new UpstreamSpecError(
+      "--upstream",
+      "one pd= for every prefill and decode replica (a prefill and a decode replica must speak the same flow)",
+      specs.map((s) => `${s.name}:${s.pd ?? "vllm"}`).join(", "),
+    );
   }
   for (const name of capacity.byName.keys()) {
     if (!seen.has(name)) {

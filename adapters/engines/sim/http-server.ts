@@ -12,6 +12,7 @@ import { PromptTokenizer } from "../../../src/tokens/prompt-tokenizer.js";
 import type { ChatMessage } from "../../../src/types.js";
 import { createSimRegistry } from "./metrics.js";
 import type { PresetName, PresetOverrides } from "./presets.js";
+import { BootstrapRooms, joinPrefill, RoomTaken } from "./sglang-bootstrap.js";
 import { SimEngine, type SimEngineOptions } from "./sim-engine.js";
 import { vocabularyFromTokenizer } from "./vocabulary.js";
 
@@ -42,6 +43,12 @@ export interface SimServerOptions {
   id?: string;
   /** Role in a disaggregated fleet (`prefill`, `decode`); default `both`. */
   role?: ReplicaRole;
+  /**
+   * The request flow a `prefill` or `decode` replica speaks: `vllm` (default,
+   * `kv_transfer_params`) or `sglang` (SGLang's PD mode: `bootstrap_host`,
+   * `bootstrap_port`, `bootstrap_room` on both requests; `sglang-bootstrap.ts`).
+   */
+  pd?: "vllm" | "sglang";
 }
 
 /** A running simulated replica server. */
@@ -49,6 +56,8 @@ export interface SimServer {
   /** Base URL, e.g. `http://127.0.0.1:9000`. */
   url: string;
   engine: SimEngine;
+  /** SGLang's PD mode: rooms a prefill replica holds open (a request waiting for its other half); 0 once idle. */
+  openRooms(): number;
   close(): Promise<void>;
 }
 
@@ -60,7 +69,8 @@ function errorBody(message: string, status: number, param: string | null = null)
   return { error: { message, type, param, code: status } };
 }
 
-class BadRequest extends Error {
+/** An answer with an error status (400 unless said), in vLLM's error body. */
+class HttpError extends Error {
   constructor(
     message: string,
     readonly status = 400,
@@ -73,7 +83,7 @@ class BadRequest extends Error {
 function positiveInt(value: unknown, name: string): number | undefined {
   if (value === undefined || value === null) return undefined;
   if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
-    throw new BadRequest(`${name} must be an integer ≥ 1, got ${JSON.stringify(value)}`, 400, name);
+    throw new HttpError(`${name} must be an integer ≥ 1, got ${JSON.stringify(value)}`, 400, name);
   }
   return value;
 }
@@ -83,7 +93,7 @@ function parseRank(header: string | undefined, field: unknown): number | undefin
   if (raw === undefined || raw.trim() === "") return undefined;
   const rank = Number(raw.trim());
   if (!Number.isInteger(rank) || rank < 0) {
-    throw new BadRequest(`x-data-parallel-rank must be a non-negative integer, got ${JSON.stringify(raw)}`);
+    throw new HttpError(`x-data-parallel-rank must be a non-negative integer, got ${JSON.stringify(raw)}`);
   }
   return rank;
 }
@@ -111,8 +121,19 @@ function streamOptions(body: Json): { includeUsage: boolean } {
  */
 export function createSimApp(
   engine: SimEngine,
-  options: Pick<SimServerOptions, "tokenizer" | "defaultMaxTokens"> & { prompts?: PromptTokenizer } = {},
+  options: Pick<SimServerOptions, "tokenizer" | "defaultMaxTokens" | "pd"> & {
+    prompts?: PromptTokenizer;
+    /** The port the server listens on, once it does (its SGLang bootstrap port too). */
+    port?: () => number;
+    /** SGLang's PD mode on a prefill replica: the rooms its requests meet in. */
+    rooms?: BootstrapRooms;
+  } = {},
 ): Hono {
+  const sglang = options.pd === "sglang";
+  if (sglang && engine.role === "both") {
+    throw new RangeError("pd sglang is for a prefill or a decode replica (role prefill or decode)");
+  }
+  const rooms = options.rooms ?? new BootstrapRooms();
   const prompts = options.prompts ?? new PromptTokenizer(createTokenizer(options.tokenizer));
   const defaultMaxTokens = options.defaultMaxTokens ?? 1024;
   if (!(Number.isInteger(defaultMaxTokens) && defaultMaxTokens >= 1)) {
@@ -123,7 +144,7 @@ export function createSimApp(
   const app = new Hono();
 
   app.onError((error, c) => {
-    if (error instanceof BadRequest)
+    if (error instanceof HttpError)
       return c.json(errorBody(error.message, error.status, error.param), error.status as 400);
     if (error instanceof Refusal) {
       // vLLM answers every request it cannot serve (too long, bad parameters) with 400.
@@ -152,6 +173,32 @@ export function createSimApp(
     }),
   );
 
+  // SGLang's server info carries its server_args; a router reads the mode and bootstrap port there.
+  const serverInfo = (c: Context) =>
+    c.json({
+      model_path: engine.model,
+      disaggregation_mode: engine.role === "both" ? "null" : engine.role,
+      ...(sglang && engine.role === "prefill"
+        ? { disaggregation_bootstrap_port: options.port?.() ?? 0 }
+        : {}),
+    });
+  app.get("/server_info", serverInfo);
+  app.get("/get_server_info", serverInfo);
+
+  if (sglang && engine.role === "prefill") {
+    // A decode server joins a room here (sglang-bootstrap.ts).
+    app.post("/sim/bootstrap/join", async (c) => {
+      const body = (await c.req.json().catch(() => undefined)) as Json | undefined;
+      const room = roomOf(body?.bootstrap_room);
+      try {
+        const handover = await rooms.join(room, c.req.raw.signal);
+        return c.json({ prompt_tokens: handover.promptTokens });
+      } catch (error) {
+        return c.json(errorBody(`bootstrap_room ${room}: ${(error as Error).message}`, 500), 500);
+      }
+    });
+  }
+
   app.get("/metrics", async (c) => {
     const text = await registry.metrics();
     return c.body(text, 200, { "content-type": registry.contentType });
@@ -163,13 +210,13 @@ export function createSimApp(
       try {
         body = (await c.req.json()) as Json;
       } catch (error) {
-        throw new BadRequest(`request body is not JSON: ${(error as Error).message}`);
+        throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
       }
       if (!body || typeof body !== "object" || Array.isArray(body))
-        throw new BadRequest("request body must be a JSON object");
+        throw new HttpError("request body must be a JSON object");
       const model = body.model;
       if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
-        throw new BadRequest(`The model \`${String(model)}\` does not exist.`, 404, "model");
+        throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
       }
       const promptTokens =
         kind === "chat" ? chatTokens(prompts, body.messages) : completionTokens(prompts, body.prompt);
@@ -180,7 +227,7 @@ export function createSimApp(
       const maxTokens = requested ?? Math.max(1, Math.min(defaultMaxTokens, room));
       const rank = parseRank(c.req.header("x-data-parallel-rank"), body.data_parallel_rank);
       const n = body.n;
-      if (n !== undefined && n !== null && n !== 1) throw new BadRequest("only n = 1 is supported", 400, "n");
+      if (n !== undefined && n !== null && n !== 1) throw new HttpError("only n = 1 is supported", 400, "n");
       const stream = body.stream === true;
       const requestId = c.req.header("x-request-id") ?? randomUUID().replaceAll("-", "");
       const local = new AbortController();
@@ -199,11 +246,13 @@ export function createSimApp(
       const transfer = body.kv_transfer_params;
       if (transfer !== undefined && transfer !== null) {
         if (typeof transfer !== "object" || Array.isArray(transfer)) {
-          throw new BadRequest("kv_transfer_params must be an object", 400, "kv_transfer_params");
+          throw new HttpError("kv_transfer_params must be an object", 400, "kv_transfer_params");
         }
         call.kvTransferParams = transfer as Json;
       }
-      const running = await engine.generate(call);
+      const running = sglang
+        ? await sglangLeg(call, body, signal, engine, rooms)
+        : await engine.generate(call);
       const id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`;
       const created = Math.floor(Date.now() / 1000);
       if (!stream) return c.json(await fullResponse(kind, running, id, created, engine.model));
@@ -221,13 +270,82 @@ export function createSimApp(
   return app;
 }
 
+/** A `bootstrap_room`, as SGLang's scheduler requires one of every request in PD mode. */
+function roomOf(value: unknown): number {
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
+    // sgl-project/sglang, python/sglang/srt/managers/scheduler.py (handle_generate_request).
+    throw new HttpError(
+      "Invalid request: Disaggregated request received without bootstrap room id.",
+      400,
+      "bootstrap_room",
+    );
+  }
+  return value;
+}
+
+/**
+ * One leg of SGLang's PD mode. A prefill request waits for its decode server
+ * to join its room, then computes the prompt to its first token (SGLang's
+ * prefill stops there, `FINISH_LENGTH(length=0)`, whatever it was asked) and
+ * hands the KV over. A decode request joins the prefill server named in it,
+ * then receives the prompt's KV over its link before it queues; a failed join
+ * is SGLang's 500 "Decode transfer failed for request …"
+ * (python/sglang/srt/disaggregation/decode.py).
+ */
+async function sglangLeg(
+  call: EngineCall,
+  body: Json,
+  signal: AbortSignal,
+  engine: SimEngine,
+  rooms: BootstrapRooms,
+): Promise<EngineStream> {
+  const room = roomOf(body.bootstrap_room);
+  if (engine.role === "prefill") {
+    call.maxTokens = 1;
+    let computed: EngineStream | undefined;
+    try {
+      await rooms.prefill(room, signal, async () => {
+        computed = await engine.generate(call);
+        const result = await computed.result;
+        if (result.finishReason === "abort") throw signal.reason ?? new Error("the prefill was aborted");
+        return { promptTokens: call.promptTokens.length };
+      });
+    } catch (error) {
+      if (error instanceof RoomTaken) throw new HttpError(error.message, 400, "bootstrap_room");
+      throw error;
+    }
+    // The answer is its one token, read from the finished computation.
+    return computed!;
+  }
+  const host = body.bootstrap_host;
+  const port = body.bootstrap_port;
+  if (typeof host !== "string" || host === "" || !Number.isInteger(port)) {
+    throw new HttpError(
+      "bootstrap_host and bootstrap_port must name the prefill server",
+      400,
+      "bootstrap_host",
+    );
+  }
+  try {
+    await joinPrefill(host, port as number, room, signal);
+  } catch (error) {
+    if (signal.aborted) throw signal.reason;
+    throw new HttpError(
+      `Decode transfer failed for request rid=${call.requestId} bootstrap_room=${room}: ${(error as Error).message}`,
+      500,
+    );
+  }
+  call.kvTransferParams = { do_remote_prefill: true };
+  return await engine.generate(call);
+}
+
 function chatTokens(prompts: PromptTokenizer, messages: unknown): number[] {
   if (!Array.isArray(messages) || messages.length === 0) {
-    throw new BadRequest("messages must be a non-empty array", 400, "messages");
+    throw new HttpError("messages must be a non-empty array", 400, "messages");
   }
   for (const [i, m] of messages.entries()) {
     if (!m || typeof m !== "object" || typeof (m as Json).role !== "string") {
-      throw new BadRequest(`messages[${i}] must be an object with a string role`, 400, "messages");
+      throw new HttpError(`messages[${i}] must be an object with a string role`, 400, "messages");
     }
   }
   const tokens = prompts.chat(messages as ChatMessage[]);
@@ -241,13 +359,13 @@ function completionTokens(prompts: PromptTokenizer, prompt: unknown): number[] {
   if (Array.isArray(prompt)) {
     if (prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0)) return prompt as number[];
     if (prompt.length === 1) return completionTokens(prompts, prompt[0]);
-    throw new BadRequest(
+    throw new HttpError(
       "prompt must be one string or one array of token ids (batches are not supported)",
       400,
       "prompt",
     );
   }
-  throw new BadRequest("prompt must be a string or an array of token ids", 400, "prompt");
+  throw new HttpError("prompt must be a string or an array of token ids", 400, "prompt");
 }
 
 async function fullResponse(
@@ -368,7 +486,14 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
   if (seed !== undefined) engineOptions.seed = seed;
   if (options.role !== undefined) engineOptions.role = options.role;
   const engine = new SimEngine(engineOptions);
-  const appOptions: Parameters<typeof createSimApp>[1] = { prompts: new PromptTokenizer(tokenizer) };
+  let listeningPort = 0;
+  const rooms = new BootstrapRooms();
+  const appOptions: Parameters<typeof createSimApp>[1] = {
+    prompts: new PromptTokenizer(tokenizer),
+    port: () => listeningPort,
+    rooms,
+  };
+  if (options.pd !== undefined) appOptions.pd = options.pd;
   if (options.defaultMaxTokens !== undefined) appOptions.defaultMaxTokens = options.defaultMaxTokens;
   const app = createSimApp(engine, appOptions);
   const server = await new Promise<ReturnType<typeof serve>>((resolve, reject) => {
@@ -376,11 +501,13 @@ export async function startSimServer(options: SimServerOptions = {}): Promise<Si
     s.once("error", reject);
   });
   const address = server.address() as AddressInfo;
+  listeningPort = address.port;
   const urlHost = host.includes(":") ? `[${host}]` : host;
   let closed: Promise<void> | undefined;
   return {
     url: `http://${urlHost}:${address.port}`,
     engine,
+    openRooms: () => rooms.size,
     close() {
       closed ??= (async () => {
         await engine.close();
