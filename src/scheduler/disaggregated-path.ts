@@ -136,6 +136,8 @@ interface DecodeHold {
   tokens: number;
   maxTokens: number;
   reservation: Reservation | null;
+  /** Its place at the decode replica's gate; the admitted call owns it once the decode leg started. */
+  permit: Permit | null;
   counted: "coming" | "decoding" | null;
 }
 
@@ -182,9 +184,8 @@ export class DisaggregatedPath {
     holds: { reservation: Reservation | null; permit: Permit | null; inflight: number },
   ): Promise<AdmittedCall> {
     const { req, prefill, uncached, lane } = call;
-    const decodeTokens = call.tokens.length + call.maxTokens;
     const demand = (): DecodeDemand => ({
-      tokens: decodeTokens,
+      tokens: call.tokens.length + call.maxTokens,
       maxTokens: call.maxTokens,
       transferTokens: Math.max(0, call.tokens.length - 1),
       prefillDoneInMs: predictTtftMs({
@@ -213,6 +214,9 @@ export class DisaggregatedPath {
         });
       }
       this.checkDeadline(req, lane, arrivalInMs, prefill);
+      // The predicted check's decode admission is whole before the prefill: with its room it takes its place at the
+      // decode replica's gate (queueing there if it must), so nothing on the decode side can refuse the call later.
+      if (decode) decode.permit = await this.ctx.passGate(req, decode.replica, lane, 0);
       holds.permit = await this.ctx.passGate(req, prefill, lane, uncached);
       const prefillAdmittedAt = this.ctx.clock.now();
       this.ctx.emit("admitted", {
@@ -220,26 +224,44 @@ export class DisaggregatedPath {
         replica: prefill.id,
         queueWaitMs: prefillAdmittedAt - call.startedAt,
       });
-      const handover = await this.runPrefill(call, holds);
+      const result = await this.runPrefill(call, holds);
       holds.permit?.release();
       holds.permit = null;
       holds.reservation?.release();
       holds.reservation = null;
       try {
-        // Without a predicted hold, the call is checked on current decode load now that it is here.
-        if (!decode) {
-          const here = { ...demand(), prefillDoneInMs: 0 };
-          const placed = this.place(here, "current");
-          if (!placed) throw this.refusal(here, "current", lane);
-          decode = this.holdDecode(placed.replica, decodeTokens, call.maxTokens, undefined)!;
-        }
-        return await this.runDecode(call, decode, handover, prefillAdmittedAt);
+        const handover = this.handover(prefill, result);
+        const arrivedAt = this.ctx.clock.now();
+        decode ??= await this.admitOnArrival(call, demand());
+        const waitedOnArrivalMs = this.ctx.clock.now() - arrivedAt;
+        return await this.runDecode(call, decode, handover, prefillAdmittedAt, waitedOnArrivalMs);
       } catch (error) {
+        // A cancel is the client's; anything else that ends the call here threw its prefill away.
         if (error instanceof Refusal) this.wasted(prefill, uncached, error.reason);
         throw error;
       }
     } catch (error) {
       if (decode) this.releaseDecode(decode);
+      throw error;
+    }
+  }
+
+  /**
+   * `current` and `none`: nothing was held before the prefill, so the call is
+   * checked on current decode load and passes the decode replica's gate now
+   * that its prefill is done; a refusal here has wasted the prefill. These
+   * two checks exist to measure that difference.
+   */
+  private async admitOnArrival(call: RoutedCall, demand: DecodeDemand): Promise<DecodeHold> {
+    const here = { ...demand, prefillDoneInMs: 0 };
+    const placed = this.place(here, "current");
+    if (!placed) throw this.refusal(here, "current", call.lane);
+    const hold = this.holdDecode(placed.replica, demand.tokens, demand.maxTokens, undefined)!;
+    try {
+      hold.permit = await this.ctx.passGate(call.req, hold.replica, call.lane, 0);
+      return hold;
+    } catch (error) {
+      this.releaseDecode(hold);
       throw error;
     }
   }
@@ -428,7 +450,7 @@ export class DisaggregatedPath {
     const ledger = this.ledgers.get(replica.id)!;
     ledger.coming++;
     ledger.comingTokens += tokens;
-    return { replica, tokens, maxTokens, reservation, counted: "coming" };
+    return { replica, tokens, maxTokens, reservation, permit: null, counted: "coming" };
   }
 
   /** The call's KV arrived on its decode replica: it decodes there now. */
@@ -448,6 +470,8 @@ export class DisaggregatedPath {
 
   /** Gives a call's decode hold back; room freed there may let a waiting call in. */
   private releaseDecode(hold: DecodeHold): void {
+    hold.permit?.release();
+    hold.permit = null;
     hold.reservation?.release();
     hold.reservation = null;
     const ledger = this.ledgers.get(hold.replica.id)!;
@@ -479,11 +503,11 @@ export class DisaggregatedPath {
     if (refusal) throw refusal;
   }
 
-  /** The prefill leg: one token, the KV kept for the decode side; resolves with the hand-over parameters. */
+  /** The prefill leg: one token, the KV kept for the decode side; resolves with the engine's answer. */
   private async runPrefill(
     call: RoutedCall,
     holds: { reservation: Reservation | null; inflight: number },
-  ): Promise<Record<string, unknown>> {
+  ): Promise<EngineResult> {
     const { req, prefill, uncached } = call;
     holds.reservation?.activate();
     prefill.startPrefill(uncached);
@@ -527,31 +551,39 @@ export class DisaggregatedPath {
     const elapsed = this.ctx.clock.now() - startedAt;
     if (uncached > 0 && elapsed > 0) prefill.prefillRate.observe(uncached, elapsed);
     this.ctx.recordPrefix(prefill, call.hashes);
-    if (!result.kvTransferParams) {
-      throw new Refusal(
-        "unavailable",
-        `prefill replica ${prefill.id} handed no KV over (no kv_transfer_params in its answer: is it started with a KV connector?)`,
-        { retryAfterSeconds: 1, scope: "worker" },
-      );
-    }
-    return result.kvTransferParams;
+    return result;
   }
 
-  /** The decode leg, through the decode replica's gate; from its start the admitted call owns every hold. */
+  /** The hand-over parameters of a finished prefill; an engine without a KV connector answers none. */
+  private handover(prefill: ReplicaRuntime, result: EngineResult): Record<string, unknown> {
+    if (result.kvTransferParams) return result.kvTransferParams;
+    throw new Refusal(
+      "unavailable",
+      `prefill replica ${prefill.id} handed no KV over (no kv_transfer_params in its answer: is it started with a KV connector?)`,
+      { retryAfterSeconds: 1, scope: "worker" },
+    );
+  }
+
+  /**
+   * The decode leg, on the place at the decode replica's gate the hold already
+   * has: nothing here can refuse the call, only the engine can fail. From the
+   * leg's start the admitted call owns every hold.
+   */
   private async runDecode(
     call: RoutedCall,
     hold: DecodeHold,
     handover: Record<string, unknown>,
     admittedAt: number,
+    waitedOnArrivalMs: number,
   ): Promise<AdmittedCall> {
     const { req, lane } = call;
     const replica = hold.replica;
-    const gateStart = this.ctx.clock.now();
-    let permit = await this.ctx.passGate(req, replica, lane, 0);
+    const permit = hold.permit;
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;
     try {
+      req.signal?.throwIfAborted();
       hold.reservation?.activate();
       stream = await replica.generate({
         requestId: req.requestId,
@@ -567,8 +599,6 @@ export class DisaggregatedPath {
       });
     } catch (error) {
       unlinkSignal();
-      permit?.release();
-      permit = null;
       throw error;
     }
     replica.callStarted();
@@ -585,7 +615,8 @@ export class DisaggregatedPath {
       admittedAt,
       unlinkSignal,
     });
-    // From here the admitted call gives back the reservation; the count is this path's.
+    // From here the admitted call gives back the permit and the reservation; the count is this path's.
+    hold.permit = null;
     hold.reservation = null;
     const holdings: CallHoldings = {
       firstToken: () => held.firstToken(),
@@ -598,7 +629,7 @@ export class DisaggregatedPath {
       requestId: req.requestId,
       lane,
       replica: replica.id,
-      queueMs: admittedAt - call.startedAt + (this.ctx.clock.now() - gateStart),
+      queueMs: admittedAt - call.startedAt + waitedOnArrivalMs,
       inputTokens: call.tokens.length,
       maxTokens: call.maxTokens,
       sessionId: call.session?.id,
