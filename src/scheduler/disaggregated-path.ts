@@ -14,10 +14,15 @@ import { checkDeadline } from "../budget/feasibility.js";
 import type { Reservation } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { type DecodeCheck, LANE_DEFAULTS, type SchedulerConfig } from "../config/scheduler-config.js";
-import type { EngineResult, EngineStream } from "../engine.js";
+import type { EngineResult, EngineSignals, EngineStream } from "../engine.js";
 import { EngineError, Refusal } from "../errors.js";
 import type { Permit } from "../gate/backend-gate.js";
-import { chooseDecode, type DecodeCandidate, type DecodeDemand } from "../routing/decode-placement.js";
+import {
+  chooseDecode,
+  type DecodeCandidate,
+  type DecodeDemand,
+  transferMs,
+} from "../routing/decode-placement.js";
 import { predictTtftMs } from "../routing/placement.js";
 import type { SessionRecord } from "../sessions/session-admission.js";
 import type { AdmittedCall, CallRequest, Lane, SchedulerEvents } from "../types.js";
@@ -80,31 +85,31 @@ export interface HeldCall {
 }
 
 /**
- * What a decode replica has been promised, by where each call's KV is, and
- * what changed there since its signals were last read (the measurement does
- * not show it yet).
+ * The calls a decode replica has been promised, by where each call's KV is,
+ * and how much of them the replica's last measured KV usage can show.
  */
 class DecodeLedger {
-  coming = 0;
-  comingTokens = 0;
-  decoding = 0;
-  decodingTokens = 0;
-  /** Σ max_tokens of the decoding calls: the most their KV may still grow. */
-  decodingGrowth = 0;
-  private scrapeAt = Number.NEGATIVE_INFINITY;
-  startedCalls = 0;
-  startedTokens = 0;
-  endedCalls = 0;
-  endedTokens = 0;
+  readonly coming = new Set<DecodeHold>();
+  readonly decoding = new Set<DecodeHold>();
+  /** KV of the decoding calls the last reading of the replica's signals could show, tokens. */
+  shownTokens = 0;
+  private readAt = Number.NEGATIVE_INFINITY;
 
-  /** Forgets the changes a newer reading of the replica's signals already shows. */
-  sync(readAtMs: number): void {
-    if (readAtMs === this.scrapeAt) return;
-    this.scrapeAt = readAtMs;
-    this.startedCalls = 0;
-    this.startedTokens = 0;
-    this.endedCalls = 0;
-    this.endedTokens = 0;
+  /**
+   * On a new reading: which decoding calls it shows. A call shows once its KV
+   * had time to cross the link before the reading, and is not one of the calls
+   * the engine reported waiting (the latest started: still without KV blocks).
+   */
+  sync(signals: EngineSignals): void {
+    if (signals.readAtMs === this.readAt) return;
+    this.readAt = signals.readAtMs;
+    const rate = signals.kvTransferTokensPerSecond ?? 0;
+    const arrived = [...this.decoding]
+      .filter((hold) => hold.startedAt + transferMs(hold.tokens - hold.maxTokens, rate) <= signals.readAtMs)
+      .sort((a, b) => a.startedAt - b.startedAt);
+    const shown = arrived.slice(0, Math.max(0, arrived.length - signals.waiting));
+    this.shownTokens = 0;
+    for (const hold of shown) this.shownTokens += hold.tokens - hold.maxTokens + hold.generated;
   }
 }
 
@@ -132,9 +137,12 @@ const DECODE_WAIT_RECHECK_MS = 250;
 /** Decode-side holds of one call, given back once. */
 interface DecodeHold {
   replica: ReplicaRuntime;
-  /** The call's KV on decode (input + max_tokens) and its max_tokens, tokens. */
+  /** The call's KV on decode at most (input + max_tokens), its max_tokens, and the output it generated so far, tokens. */
   tokens: number;
   maxTokens: number;
+  generated: number;
+  /** When its decode leg started (clock ms). */
+  startedAt: number;
   reservation: Reservation | null;
   /** Its place at the decode replica's gate; the admitted call owns it once the decode leg started. */
   permit: Permit | null;
@@ -170,7 +178,7 @@ export class DisaggregatedPath {
   /** Calls counted on decode replicas (coming or decoding) or waiting for decode room: zero once idle. */
   outstanding(): number {
     let n = this.waiters.length;
-    for (const ledger of this.ledgers.values()) n += ledger.coming + ledger.decoding;
+    for (const ledger of this.ledgers.values()) n += ledger.coming.size + ledger.decoding.size;
     return n;
   }
 
@@ -376,7 +384,9 @@ export class DisaggregatedPath {
     if (best) {
       // The decoding calls that must finish to free the shortfall, at their mean reservation, drained at the measured rate.
       const ledger = this.ledgers.get(best.id)!;
-      const mean = ledger.decoding > 0 ? ledger.decodingTokens / ledger.decoding : demand.tokens;
+      let decodingTokens = 0;
+      for (const hold of ledger.decoding) decodingTokens += hold.tokens;
+      const mean = ledger.decoding.size > 0 ? decodingTokens / ledger.decoding.size : demand.tokens;
       const calls = Math.max(
         room && room.slots < 1 ? 1 - room.slots : 1,
         Math.ceil(short / Math.max(1, mean)),
@@ -397,7 +407,7 @@ export class DisaggregatedPath {
   private candidate(replica: ReplicaRuntime, now: number): DecodeCandidate {
     const signals = replica.signals;
     const ledger = this.ledgers.get(replica.id)!;
-    ledger.sync(signals.readAtMs);
+    ledger.sync(signals);
     const budget = replica.budget;
     const capacity = budget?.ceiling ?? signals.kvCapacityTokens;
     const ranks = Math.max(1, signals.dataParallelSize);
@@ -412,16 +422,15 @@ export class DisaggregatedPath {
       batchSlots: perRank * ranks,
       kvUsage: signals.kvUsage,
       running: signals.running,
-      startedSinceScrapeCalls: ledger.startedCalls,
-      startedSinceScrapeTokens: ledger.startedTokens,
-      endedSinceScrapeCalls: ledger.endedCalls,
-      endedSinceScrapeTokens: ledger.endedTokens,
-      comingCalls: ledger.coming,
-      comingTokens: ledger.comingTokens,
-      decodingCalls: ledger.decoding,
-      decodingTokens: ledger.decodingTokens,
-      decodingGrowthTokens: ledger.decodingGrowth,
-      completionsPerSecond: replica.completionRate(),
+      shownTokens: ledger.shownTokens,
+      coming: [...ledger.coming].map((hold) => ({
+        promptTokens: hold.tokens - hold.maxTokens,
+        maxTokens: hold.maxTokens,
+      })),
+      decoding: [...ledger.decoding].map((hold) => ({
+        kvTokens: hold.tokens - hold.maxTokens + hold.generated,
+        remainingTokens: Math.max(0, hold.maxTokens - hold.generated),
+      })),
       transferTokensPerSecond: signals.kvTransferTokensPerSecond ?? 0,
     };
   }
@@ -447,25 +456,35 @@ export class DisaggregatedPath {
       });
       if (!reservation) return undefined;
     }
-    const ledger = this.ledgers.get(replica.id)!;
-    ledger.coming++;
-    ledger.comingTokens += tokens;
-    return { replica, tokens, maxTokens, reservation, permit: null, counted: "coming" };
+    const hold: DecodeHold = {
+      replica,
+      tokens,
+      maxTokens,
+      generated: 0,
+      startedAt: Number.NaN,
+      reservation,
+      permit: null,
+      counted: "coming",
+    };
+    this.ledgers.get(replica.id)!.coming.add(hold);
+    return hold;
   }
 
   /** The call's KV arrived on its decode replica: it decodes there now. */
   private startDecoding(hold: DecodeHold): void {
     const ledger = this.ledgers.get(hold.replica.id)!;
-    ledger.sync(hold.replica.signals.readAtMs);
-    ledger.coming--;
-    ledger.comingTokens -= hold.tokens;
-    ledger.decoding++;
-    ledger.decodingTokens += hold.tokens;
-    ledger.decodingGrowth += hold.maxTokens;
-    ledger.startedCalls++;
-    // Its prompt; the output it adds is in the growth term.
-    ledger.startedTokens += hold.tokens - hold.maxTokens;
+    ledger.coming.delete(hold);
+    ledger.decoding.add(hold);
+    hold.startedAt = this.ctx.clock.now();
     hold.counted = "decoding";
+  }
+
+  /** Output the decode leg generated: its KV grew by as much, and it has that much less to grow. */
+  private grew(hold: DecodeHold, tokens: number): void {
+    if (hold.counted !== "decoding") return;
+    // A reading taken before this output shows only what the call had then.
+    this.ledgers.get(hold.replica.id)!.sync(hold.replica.signals);
+    hold.generated += tokens;
   }
 
   /** Gives a call's decode hold back; room freed there may let a waiting call in. */
@@ -476,16 +495,11 @@ export class DisaggregatedPath {
     hold.reservation = null;
     const ledger = this.ledgers.get(hold.replica.id)!;
     if (hold.counted === "coming") {
-      ledger.coming--;
-      ledger.comingTokens -= hold.tokens;
+      ledger.coming.delete(hold);
     } else if (hold.counted === "decoding") {
-      ledger.sync(hold.replica.signals.readAtMs);
-      ledger.decoding--;
-      ledger.decodingTokens -= hold.tokens;
-      ledger.decodingGrowth -= hold.maxTokens;
-      ledger.endedCalls++;
-      // At least its prompt left with it (its output too, which the measurement may partly show).
-      ledger.endedTokens += hold.tokens - hold.maxTokens;
+      // A reading taken before the call ended still shows its KV: what it showed of it stays counted as shown.
+      ledger.sync(hold.replica.signals);
+      ledger.decoding.delete(hold);
     }
     hold.counted = null;
     if (this.waiters.length > 0) this.wake();
@@ -620,6 +634,7 @@ export class DisaggregatedPath {
     hold.reservation = null;
     const holdings: CallHoldings = {
       firstToken: () => held.firstToken(),
+      generated: (tokens) => this.grew(hold, tokens),
       finish: (outcome, result, outputTokens) => {
         held.finish(outcome, result, outputTokens);
         this.releaseDecode(hold);
