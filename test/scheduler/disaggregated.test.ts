@@ -137,6 +137,29 @@ describe("disaggregated prefill and decode", () => {
     await settle(clock, scheduler);
   });
 
+  it("follows a decode leg's output: a call fits beside one about to finish, not beside the same call just started", async () => {
+    // About 8,100 usable tokens: the first call's 6,000 at its end and the second's 4,000 fit only one after the other.
+    const { clock, prefill, scheduler } = pdFleet({}, 9000);
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    let streamed = 0;
+    const firstDone = (async () => {
+      for await (const chunk of first) streamed += chunk.tokenCount;
+    })();
+    const early = scheduler.submit(request(tokens(1000, 50_000), 3000));
+    early.catch(() => undefined);
+    await clock.advanceAsync(200);
+    assert.equal(prefill.sim.stats().prefillTokens, 3000, "the second call waits before its prefill");
+    while (prefill.sim.stats().prefillTokens === 3000 && streamed < 3000) await clock.advanceAsync(100);
+    // Once the first call has under ~1,100 tokens to go it ends before the second has grown by as much.
+    assert.ok(streamed < 3000, "the second call's prefill started while the first call was still decoding");
+    assert.ok(streamed >= 1900, `not before the first call's end was near (${streamed} of 3000 streamed)`);
+    const second = await run(clock, early);
+    assert.equal(await run(clock, drain(second)), 3000);
+    await run(clock, firstDone);
+    assert.equal(streamed, 3000);
+    await settle(clock, scheduler);
+  });
+
   it("refuses before prefill when no decode replica will have room within the lane's wait: 429 decode_budget_exhausted, no prefill spent", async () => {
     const { clock, prefill, scheduler } = pdFleet({ lanes: { bulk: { maxResidenceMs: 2000 } } }, 8192);
     const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
