@@ -99,6 +99,9 @@ class DecodeLedger {
    * On a new reading: which decoding calls it shows. A call shows once its KV
    * had time to cross the link before the reading, and is not one of the calls
    * the engine reported waiting (the latest started: still without KV blocks).
+   * Output the engine generated before the reading but its stream had not
+   * delivered yet reads as KV admission does not know of, until the next
+   * reading: an error toward too little room.
    */
   sync(signals: EngineSignals): void {
     if (signals.readAtMs === this.readAt) return;
