@@ -1,12 +1,13 @@
 /**
  * @module docs/results.md, generated from the recorded run in bench/results/*.json (never edited by hand):
  * the regret table, every target of the issue marked met or missed, each workload's numbers, the HTTP
- * sessions case and the run's wall time. `run-all.ts` calls it last; `npx tsx bench/results-doc.ts` redoes it.
+ * sessions case, the disaggregated `pd` comparison and the run's wall time. `run-all.ts` calls it last; `npx tsx bench/results-doc.ts` redoes it.
  */
 
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { type PdResult, pdTable, pdTargets } from "./pd.js";
 import type { BenchDoc, RowLike, TargetCheck } from "./regret.js";
 import { regretCells, regretRows, targetsOf } from "./regret.js";
 
@@ -53,6 +54,8 @@ export interface ResultsInput {
     }[];
   };
   http?: HttpSessionsDoc;
+  /** bench/results/pd.json: the disaggregated prefill/decode comparison. */
+  pd?: Pick<PdResult, "fleet" | "workload" | "steady_s" | "rows">;
 }
 
 function orderOf(name: string): number {
@@ -124,6 +127,7 @@ export function renderResultsDoc(input: ResultsInput): string {
       met: input.http.met,
     });
   }
+  if (input.pd) checks.push(...pdTargets(input.pd));
   const met = checks.filter((c) => c.met).length;
   const out: string[] = [];
   out.push("# Benchmark results");
@@ -213,6 +217,19 @@ export function renderResultsDoc(input: ResultsInput): string {
       `sluice ÷ gate-prefix = ${h.sluice_over_gate_prefix} (goal ${h.goal}): ${h.met ? "met" : "**missed**"}.`,
     );
   }
+  if (input.pd) {
+    const pd = input.pd;
+    out.push("");
+    out.push("## pd: disaggregated prefill and decode");
+    out.push("");
+    out.push(
+      `${pd.fleet}, virtual time (\`bench/pd.ts\`, [disaggregated.md](disaggregated.md)). ${pd.workload}. ` +
+        `The same scheduler three times, only its decode check differing; decode KV CV over ` +
+        `${pd.steady_s[0]}–${pd.steady_s[1]} s.`,
+    );
+    out.push("");
+    out.push(pdTable(pd));
+  }
   out.push("");
   return out.join("\n");
 }
@@ -234,7 +251,8 @@ export function readResults(dir: string): ResultsInput {
   }
   const summary = readJson<ResultsInput["summary"]>(join(dir, "summary.json"));
   const http = readJson<HttpSessionsDoc>(join(dir, "http-sessions.json"));
-  return { docs, ...(summary ? { summary } : {}), ...(http ? { http } : {}) };
+  const pd = readJson<ResultsInput["pd"]>(join(dir, "pd.json"));
+  return { docs, ...(summary ? { summary } : {}), ...(http ? { http } : {}), ...(pd ? { pd } : {}) };
 }
 
 /** Regenerates the document from a results folder; returns its path. */

@@ -1,7 +1,8 @@
 /**
  * @module `npm run bench`: the named runs of the benchmark issue (agents, agents-256, agents-mixed, the
  * regimes burst, light, steady, long, chat and mixed, mooncake), each checked against its targets, the regret
- * table (sluice against the best baseline), the HTTP sessions case, and every other `bench/*.ts` benchmark
+ * table (sluice against the best baseline), the HTTP sessions case, the disaggregated `pd` comparison with its
+ * targets, and every other `bench/*.ts` benchmark
  * that exports a `run…Bench()` function. Writes `bench/results/*.json` (an HTML report per named run,
  * `agents.svg` for the README) and, last, docs/results.md from those files.
  */
@@ -11,6 +12,7 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { runHttpSessionsBench } from "./http-sessions.js";
+import { pdHtml, pdProblems, pdTable, pdTargets, runPd } from "./pd.js";
 import type { TargetCheck } from "./regret.js";
 import { regretRows, renderChecks, renderRegretTable, targetsOf } from "./regret.js";
 import { renderTable } from "./report.js";
@@ -152,7 +154,7 @@ export async function runAll(argv: string[]): Promise<number> {
   });
   const outDir = resolve(values.out ?? join(HERE, "results"));
   const names = new Set(
-    (values.only ?? [...NAMED_RUNS, "mooncake", "http-sessions", "seeds", "others"].join(","))
+    (values.only ?? [...NAMED_RUNS, "mooncake", "pd", "http-sessions", "seeds", "others"].join(","))
       .split(",")
       .map((s) => s.trim()),
   );
@@ -188,6 +190,18 @@ export async function runAll(argv: string[]): Promise<number> {
     summary.mooncake_knee = knee;
     const result = await runWorkloadBench({ workload: "mooncake", loads: [knee.load], onProgress: log });
     finish("mooncake", result);
+  }
+  if (names.has("pd")) {
+    try {
+      const pd = await runPd({ onProgress: log });
+      writeJson(join(outDir, "pd.json"), pd);
+      writeFileSync(join(outDir, "pd.html"), pdHtml(pd));
+      process.stdout.write(`\n== pd\n${pd.fleet}; ${pd.workload}\n${pdTable(pd)}\n`);
+      checks.push(...pdTargets(pd));
+      problems.push(...pdProblems(pd));
+    } catch (error) {
+      problems.push(`pd: ${(error as Error).stack ?? String(error)}`);
+    }
   }
   if (names.has("http-sessions")) {
     try {

@@ -7,6 +7,18 @@
 
 import type { DecodeCheck } from "../config/scheduler-config.js";
 
+/** A call decoding on the replica: the KV it holds now and the tokens it may still generate (max_tokens less its output). */
+export interface DecodingCall {
+  kvTokens: number;
+  remainingTokens: number;
+}
+
+/** A call admitted for the replica whose KV has not arrived yet (prefill, link). */
+export interface ComingCall {
+  promptTokens: number;
+  maxTokens: number;
+}
+
 /** One decode replica as the decision sees it. */
 export interface DecodeCandidate {
   id: string;
@@ -22,21 +34,17 @@ export interface DecodeCandidate {
   /** Measured at the last scrape: KV usage 0–1 and running calls. */
   kvUsage: number;
   running: number;
-  /** Calls whose decode leg started since the last scrape (so the measurement misses them), and their prompt tokens. */
-  startedSinceScrapeCalls: number;
-  startedSinceScrapeTokens: number;
-  /** Calls that ended since the last scrape (the measurement still counts them), and their prompt tokens. */
-  endedSinceScrapeCalls: number;
-  endedSinceScrapeTokens: number;
-  /** Calls admitted for this replica whose KV has not arrived yet (prefill, link), and their tokens. */
-  comingCalls: number;
-  comingTokens: number;
-  /** Calls decoding, their tokens, and the output they may still add (Σ max_tokens: an upper bound on growth). */
-  decodingCalls: number;
-  decodingTokens: number;
-  decodingGrowthTokens: number;
-  /** Completions per second the replica has shown over the drain estimator's window. */
-  completionsPerSecond: number;
+  /**
+   * KV of the calls admission knows of that the last scrape could show
+   * (arrived by then, not waiting in the engine), as admission counts it.
+   * The measured KV less this is what admission does not know of: another
+   * client's calls (more), or prompt blocks calls share (less).
+   */
+  shownTokens: number;
+  /** Calls admitted for this replica whose KV has not arrived yet. */
+  coming: readonly ComingCall[];
+  /** Calls decoding on it, as admission knows them. */
+  decoding: readonly DecodingCall[];
   /** KV transfer rate into this replica, tokens per second (0: unknown, taken as instant). */
   transferTokensPerSecond: number;
 }
@@ -69,18 +77,55 @@ export function transferMs(tokens: number, tokensPerSecond: number): number {
 }
 
 /**
+ * The most KV a replica will hold from now on, if every call decodes to its
+ * max_tokens at one token a step (continuous batching: all running calls step
+ * together, so the answer does not depend on how long a step takes). A
+ * decoding call holds `kvTokens + k` at step k until its remaining tokens are
+ * out, then nothing; a joining call (KV still to arrive) is taken as holding
+ * `promptTokens + min(k, maxTokens)` from now on, which is at least what it
+ * holds at every step whenever it arrives. Between two departures the total
+ * only grows, so the peak is just before one of them, or at the end.
+ */
+export function peakKvTokens(decoding: readonly DecodingCall[], joining: readonly ComingCall[]): number {
+  const joiningAt = (k: number) => {
+    let sum = 0;
+    for (const j of joining) sum += j.promptTokens + Math.min(k, j.maxTokens);
+    return sum;
+  };
+  const byEnd = [...decoding].sort((a, b) => a.remainingTokens - b.remainingTokens);
+  let aliveKv = 0;
+  for (const call of byEnd) aliveKv += call.kvTokens;
+  let peak = aliveKv + joiningAt(0);
+  let i = 0;
+  while (i < byEnd.length) {
+    const end = byEnd[i]!.remainingTokens;
+    // The last step before the calls of this remaining length finish: every call still alive has grown by `end − 1`.
+    if (end > 0) peak = Math.max(peak, aliveKv + (byEnd.length - i) * (end - 1) + joiningAt(end - 1));
+    while (i < byEnd.length && byEnd[i]!.remainingTokens === end) aliveKv -= byEnd[i++]!.kvTokens;
+  }
+  return Math.max(peak, joiningAt(Number.POSITIVE_INFINITY));
+}
+
+/**
  * Room on `c` for the call when its KV arrives.
  *
  * `current`: what the last scrape says is free — blind to calls admitted but
  * not yet arrived, and late by the scrape interval.
  *
- * `predicted`: the same measurement, corrected for everything it cannot show
- * yet: calls that started decoding since the scrape (added) or ended since
- * (removed), calls admitted and still in prefill or on the link (they will be
- * there first), and the output decoding calls may still add; less what the
- * replica's completion rate frees before the arrival (at the decoding calls'
- * mean size). The rate is the drain estimator's, which reads low right after
- * start-up, so the prediction errs toward too little room.
+ * `predicted`: the room left at the replica's peak from now on, for as long
+ * as the call decodes (`peakKvTokens`), so there is room when its KV arrives
+ * and it never has to be preempted: every call decoding there as admission
+ * knows it (its KV now, its output still to come, when it ends), every call
+ * admitted and still in prefill or on the link, and the call itself; plus
+ * the difference between the measurement and what admission knows it shows
+ * (`shownTokens`), taken as staying. Room is `usable − peak + the call's own
+ * input + max_tokens`, so the call fits when it is at least that. Calls on
+ * their way join now rather than at their predicted arrival: the prefill
+ * time behind that prediction reads seconds to minutes long under load while
+ * prefills take well under one, and crediting a departure that has not
+ * happened when the KV arrives overfills the replica. The one guess left is
+ * that a call may generate up to its max_tokens, so the prediction errs
+ * toward too little room when calls stop early.
  */
 export function decodeRoom(c: DecodeCandidate, demand: DecodeDemand, check: DecodeCheck): DecodeRoom {
   const arrivalInMs = demand.prefillDoneInMs + transferMs(demand.transferTokens, c.transferTokensPerSecond);
@@ -88,16 +133,11 @@ export function decodeRoom(c: DecodeCandidate, demand: DecodeDemand, check: Deco
   if (check !== "predicted") {
     return { tokens: c.usableTokens - measuredTokens, slots: c.batchSlots - c.running, arrivalInMs };
   }
-  const finished = Math.floor(Math.min(c.decodingCalls, (c.completionsPerSecond * arrivalInMs) / 1000));
-  const freedTokens = c.decodingCalls > 0 ? (c.decodingTokens * finished) / c.decodingCalls : 0;
-  const usedTokens =
-    Math.max(0, measuredTokens + c.startedSinceScrapeTokens - c.endedSinceScrapeTokens) +
-    c.comingTokens +
-    c.decodingGrowthTokens -
-    freedTokens;
-  const running =
-    Math.max(0, c.running + c.startedSinceScrapeCalls - c.endedSinceScrapeCalls) + c.comingCalls - finished;
-  return { tokens: c.usableTokens - usedTokens, slots: c.batchSlots - running, arrivalInMs };
+  const unknownTokens = measuredTokens - c.shownTokens;
+  const itself: ComingCall = { promptTokens: demand.tokens - demand.maxTokens, maxTokens: demand.maxTokens };
+  const peak = unknownTokens + peakKvTokens(c.decoding, [...c.coming, itself]);
+  const running = Math.max(c.decoding.length, c.running) + c.coming.length;
+  return { tokens: c.usableTokens - peak + demand.tokens, slots: c.batchSlots - running, arrivalInMs };
 }
 
 /** The decision: a replica and its room, or none with the best room seen (for the refusal's message). */

@@ -7,6 +7,8 @@ import type { AdmittedCall, CallOutcome, Lane } from "../types.js";
 export interface CallHoldings {
   /** Ends the permit's waiting part (first token). */
   firstToken(): void;
+  /** Output the call generated, as each chunk passes (the disaggregated path follows its decode KV's growth). */
+  generated?(tokens: number): void;
   /** Gives back everything: permit, reservation, session step, in-flight accounting. */
   finish(outcome: CallOutcome, result: EngineResult | undefined, outputTokens: readonly number[]): void;
 }
@@ -85,7 +87,10 @@ export class AdmittedCallImpl implements AdmittedCall {
     let completed = false;
     try {
       for await (const chunk of this.stream) {
-        if (chunk.tokenCount > 0) this.markFirstToken();
+        if (chunk.tokenCount > 0) {
+          this.markFirstToken();
+          this.holdings.generated?.(chunk.tokenCount);
+        }
         for (const token of chunk.tokens) this.outputTokens.push(token);
         yield chunk;
       }

@@ -15,10 +15,15 @@ import { checkDeadline } from "../budget/feasibility.js";
 import type { Reservation } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { type DecodeCheck, LANE_DEFAULTS, type SchedulerConfig } from "../config/scheduler-config.js";
-import type { EngineResult, EngineStream } from "../engine.js";
+import type { EngineResult, EngineSignals, EngineStream } from "../engine.js";
 import { EngineError, Refusal } from "../errors.js";
 import type { Permit } from "../gate/backend-gate.js";
-import { chooseDecode, type DecodeCandidate, type DecodeDemand } from "../routing/decode-placement.js";
+import {
+  chooseDecode,
+  type DecodeCandidate,
+  type DecodeDemand,
+  transferMs,
+} from "../routing/decode-placement.js";
 import { predictTtftMs } from "../routing/placement.js";
 import type { SessionRecord } from "../sessions/session-admission.js";
 import type { AdmittedCall, CallRequest, Lane, SchedulerEvents } from "../types.js";
@@ -81,31 +86,34 @@ export interface HeldCall {
 }
 
 /**
- * What a decode replica has been promised, by where each call's KV is, and
- * what changed there since its signals were last read (the measurement does
- * not show it yet).
+ * The calls a decode replica has been promised, by where each call's KV is,
+ * and how much of them the replica's last measured KV usage can show.
  */
 class DecodeLedger {
-  coming = 0;
-  comingTokens = 0;
-  decoding = 0;
-  decodingTokens = 0;
-  /** Σ max_tokens of the decoding calls: the most their KV may still grow. */
-  decodingGrowth = 0;
-  private scrapeAt = Number.NEGATIVE_INFINITY;
-  startedCalls = 0;
-  startedTokens = 0;
-  endedCalls = 0;
-  endedTokens = 0;
+  readonly coming = new Set<DecodeHold>();
+  readonly decoding = new Set<DecodeHold>();
+  /** KV of the decoding calls the last reading of the replica's signals could show, tokens. */
+  shownTokens = 0;
+  private readAt = Number.NEGATIVE_INFINITY;
 
-  /** Forgets the changes a newer reading of the replica's signals already shows. */
-  sync(readAtMs: number): void {
-    if (readAtMs === this.scrapeAt) return;
-    this.scrapeAt = readAtMs;
-    this.startedCalls = 0;
-    this.startedTokens = 0;
-    this.endedCalls = 0;
-    this.endedTokens = 0;
+  /**
+   * On a new reading: which decoding calls it shows. A call shows once its KV
+   * had time to cross the link before the reading, and is not one of the calls
+   * the engine reported waiting (the latest started: still without KV blocks).
+   * Output the engine generated before the reading but its stream had not
+   * delivered yet reads as KV admission does not know of, until the next
+   * reading: an error toward too little room.
+   */
+  sync(signals: EngineSignals): void {
+    if (signals.readAtMs === this.readAt) return;
+    this.readAt = signals.readAtMs;
+    const rate = signals.kvTransferTokensPerSecond ?? 0;
+    const arrived = [...this.decoding]
+      .filter((hold) => hold.startedAt + transferMs(hold.tokens - hold.maxTokens, rate) <= signals.readAtMs)
+      .sort((a, b) => a.startedAt - b.startedAt);
+    const shown = arrived.slice(0, Math.max(0, arrived.length - signals.waiting));
+    this.shownTokens = 0;
+    for (const hold of shown) this.shownTokens += hold.tokens - hold.maxTokens + hold.generated;
   }
 }
 
@@ -133,10 +141,15 @@ const DECODE_WAIT_RECHECK_MS = 250;
 /** Decode-side holds of one call, given back once. */
 interface DecodeHold {
   replica: ReplicaRuntime;
-  /** The call's KV on decode (input + max_tokens) and its max_tokens, tokens. */
+  /** The call's KV on decode at most (input + max_tokens), its max_tokens, and the output it generated so far, tokens. */
   tokens: number;
   maxTokens: number;
+  generated: number;
+  /** When its decode leg started (clock ms). */
+  startedAt: number;
   reservation: Reservation | null;
+  /** Its place at the decode replica's gate; the admitted call owns it once the decode leg started. */
+  permit: Permit | null;
   counted: "coming" | "decoding" | null;
 }
 
@@ -169,7 +182,7 @@ export class DisaggregatedPath {
   /** Calls counted on decode replicas (coming or decoding) or waiting for decode room: zero once idle. */
   outstanding(): number {
     let n = this.waiters.length;
-    for (const ledger of this.ledgers.values()) n += ledger.coming + ledger.decoding;
+    for (const ledger of this.ledgers.values()) n += ledger.coming.size + ledger.decoding.size;
     return n;
   }
 
@@ -183,9 +196,8 @@ export class DisaggregatedPath {
     holds: { reservation: Reservation | null; permit: Permit | null; inflight: number },
   ): Promise<AdmittedCall> {
     const { req, prefill, uncached, lane } = call;
-    const decodeTokens = call.tokens.length + call.maxTokens;
     const demand = (): DecodeDemand => ({
-      tokens: decodeTokens,
+      tokens: call.tokens.length + call.maxTokens,
       maxTokens: call.maxTokens,
       transferTokens: Math.max(0, call.tokens.length - 1),
       prefillDoneInMs: predictTtftMs({
@@ -214,6 +226,9 @@ export class DisaggregatedPath {
         });
       }
       this.checkDeadline(req, lane, arrivalInMs, prefill);
+      // The predicted check's decode admission is whole before the prefill: with its room it takes its place at the
+      // decode replica's gate (queueing there if it must), so nothing on the decode side can refuse the call later.
+      if (decode) decode.permit = await this.ctx.passGate(req, decode.replica, lane, 0);
       holds.permit = await this.ctx.passGate(req, prefill, lane, uncached);
       const prefillAdmittedAt = this.ctx.clock.now();
       this.ctx.emit("admitted", {
@@ -223,20 +238,26 @@ export class DisaggregatedPath {
       });
       const pairing = prefill.engine.pairedKvTransfer?.();
       if (pairing) {
-        // The decode call starts with the prefill: without a predicted hold, it is placed on current load now.
-        decode ??= this.placeOnArrival(demand, call);
-        return await this.runPaired(call, holds, decode, pairing, prefillAdmittedAt);
+        // SGLang's flow starts the decode call with the prefill: without a hold taken before the prefill, the call
+        // is admitted on current decode load now, before any prefill work, so a refusal here wastes nothing.
+        const arrivedAt = this.ctx.clock.now();
+        decode ??= await this.admitOnArrival(call, demand());
+        const waitedMs = this.ctx.clock.now() - arrivedAt;
+        return await this.runPaired(call, holds, decode, pairing, prefillAdmittedAt, waitedMs);
       }
-      const handover = await this.runPrefill(call, holds);
+      const result = await this.runPrefill(call, holds);
       holds.permit?.release();
       holds.permit = null;
       holds.reservation?.release();
       holds.reservation = null;
       try {
-        // Without a predicted hold, the call is checked on current decode load now that it is here.
-        decode ??= this.placeOnArrival(demand, call);
-        return await this.runDecode(call, decode, handover, prefillAdmittedAt);
+        const handover = this.handover(prefill, result);
+        const arrivedAt = this.ctx.clock.now();
+        decode ??= await this.admitOnArrival(call, demand());
+        const waitedOnArrivalMs = this.ctx.clock.now() - arrivedAt;
+        return await this.runDecode(call, decode, handover, prefillAdmittedAt, waitedOnArrivalMs);
       } catch (error) {
+        // A cancel is the client's; anything else that ends the call here threw its prefill away.
         if (error instanceof Refusal) this.wasted(prefill, uncached, error.reason);
         throw error;
       }
@@ -244,14 +265,6 @@ export class DisaggregatedPath {
       if (decode) this.releaseDecode(decode);
       throw error;
     }
-  }
-
-  /** The decode hold of a call checked on current decode load as its KV arrives; refuses when none has room. */
-  private placeOnArrival(demand: () => DecodeDemand, call: RoutedCall): DecodeHold {
-    const here = { ...demand(), prefillDoneInMs: 0 };
-    const placed = this.place(here, "current");
-    if (!placed) throw this.refusal(here, "current", call.lane);
-    return this.holdDecode(placed.replica, here.tokens, call.maxTokens, undefined)!;
   }
 
   /**
@@ -267,6 +280,7 @@ export class DisaggregatedPath {
     decode: DecodeHold,
     pairing: Readonly<Record<string, unknown>>,
     admittedAt: number,
+    waitedForDecodeMs: number,
   ): Promise<AdmittedCall> {
     const stopPrefill = new AbortController();
     const stopDecode = new AbortController();
@@ -289,7 +303,7 @@ export class DisaggregatedPath {
     // Observed by the decode leg once it answered; a decode leg that fails first does not wait for it.
     prefillLeg.catch(() => undefined);
     try {
-      return await this.runDecode(call, decode, pairing, admittedAt, {
+      return await this.runDecode(call, decode, pairing, admittedAt, waitedForDecodeMs, {
         signal: stopDecode.signal,
         prefillLeg,
       });
@@ -298,6 +312,27 @@ export class DisaggregatedPath {
       await prefillLeg.catch(() => undefined);
       if (prefillFailure !== undefined) throw prefillFailure;
       if (prefilled && error instanceof Refusal) this.wasted(call.prefill, call.uncached, error.reason);
+      throw error;
+    }
+  }
+
+  /**
+   * `current` and `none`: nothing was held before the prefill, so the call is
+   * checked on current decode load and passes the decode replica's gate now
+   * that its prefill is done; a refusal here has wasted the prefill. These
+   * two checks exist to measure that difference. (SGLang's flow starts both
+   * legs together, so there it runs before either and wastes nothing.)
+   */
+  private async admitOnArrival(call: RoutedCall, demand: DecodeDemand): Promise<DecodeHold> {
+    const here = { ...demand, prefillDoneInMs: 0 };
+    const placed = this.place(here, "current");
+    if (!placed) throw this.refusal(here, "current", call.lane);
+    const hold = this.holdDecode(placed.replica, demand.tokens, demand.maxTokens, undefined)!;
+    try {
+      hold.permit = await this.ctx.passGate(call.req, hold.replica, call.lane, 0);
+      return hold;
+    } catch (error) {
+      this.releaseDecode(hold);
       throw error;
     }
   }
@@ -412,7 +447,9 @@ export class DisaggregatedPath {
     if (best) {
       // The decoding calls that must finish to free the shortfall, at their mean reservation, drained at the measured rate.
       const ledger = this.ledgers.get(best.id)!;
-      const mean = ledger.decoding > 0 ? ledger.decodingTokens / ledger.decoding : demand.tokens;
+      let decodingTokens = 0;
+      for (const hold of ledger.decoding) decodingTokens += hold.tokens;
+      const mean = ledger.decoding.size > 0 ? decodingTokens / ledger.decoding.size : demand.tokens;
       const calls = Math.max(
         room && room.slots < 1 ? 1 - room.slots : 1,
         Math.ceil(short / Math.max(1, mean)),
@@ -433,7 +470,7 @@ export class DisaggregatedPath {
   private candidate(replica: ReplicaRuntime, now: number): DecodeCandidate {
     const signals = replica.signals;
     const ledger = this.ledgers.get(replica.id)!;
-    ledger.sync(signals.readAtMs);
+    ledger.sync(signals);
     const budget = replica.budget;
     const capacity = budget?.ceiling ?? signals.kvCapacityTokens;
     const ranks = Math.max(1, signals.dataParallelSize);
@@ -448,16 +485,15 @@ export class DisaggregatedPath {
       batchSlots: perRank * ranks,
       kvUsage: signals.kvUsage,
       running: signals.running,
-      startedSinceScrapeCalls: ledger.startedCalls,
-      startedSinceScrapeTokens: ledger.startedTokens,
-      endedSinceScrapeCalls: ledger.endedCalls,
-      endedSinceScrapeTokens: ledger.endedTokens,
-      comingCalls: ledger.coming,
-      comingTokens: ledger.comingTokens,
-      decodingCalls: ledger.decoding,
-      decodingTokens: ledger.decodingTokens,
-      decodingGrowthTokens: ledger.decodingGrowth,
-      completionsPerSecond: replica.completionRate(),
+      shownTokens: ledger.shownTokens,
+      coming: [...ledger.coming].map((hold) => ({
+        promptTokens: hold.tokens - hold.maxTokens,
+        maxTokens: hold.maxTokens,
+      })),
+      decoding: [...ledger.decoding].map((hold) => ({
+        kvTokens: hold.tokens - hold.maxTokens + hold.generated,
+        remainingTokens: Math.max(0, hold.maxTokens - hold.generated),
+      })),
       transferTokensPerSecond: signals.kvTransferTokensPerSecond ?? 0,
     };
   }
@@ -483,43 +519,50 @@ export class DisaggregatedPath {
       });
       if (!reservation) return undefined;
     }
-    const ledger = this.ledgers.get(replica.id)!;
-    ledger.coming++;
-    ledger.comingTokens += tokens;
-    return { replica, tokens, maxTokens, reservation, counted: "coming" };
+    const hold: DecodeHold = {
+      replica,
+      tokens,
+      maxTokens,
+      generated: 0,
+      startedAt: Number.NaN,
+      reservation,
+      permit: null,
+      counted: "coming",
+    };
+    this.ledgers.get(replica.id)!.coming.add(hold);
+    return hold;
   }
 
   /** The call's KV arrived on its decode replica: it decodes there now. */
   private startDecoding(hold: DecodeHold): void {
     const ledger = this.ledgers.get(hold.replica.id)!;
-    ledger.sync(hold.replica.signals.readAtMs);
-    ledger.coming--;
-    ledger.comingTokens -= hold.tokens;
-    ledger.decoding++;
-    ledger.decodingTokens += hold.tokens;
-    ledger.decodingGrowth += hold.maxTokens;
-    ledger.startedCalls++;
-    // Its prompt; the output it adds is in the growth term.
-    ledger.startedTokens += hold.tokens - hold.maxTokens;
+    ledger.coming.delete(hold);
+    ledger.decoding.add(hold);
+    hold.startedAt = this.ctx.clock.now();
     hold.counted = "decoding";
+  }
+
+  /** Output the decode leg generated: its KV grew by as much, and it has that much less to grow. */
+  private grew(hold: DecodeHold, tokens: number): void {
+    if (hold.counted !== "decoding") return;
+    // A reading taken before this output shows only what the call had then.
+    this.ledgers.get(hold.replica.id)!.sync(hold.replica.signals);
+    hold.generated += tokens;
   }
 
   /** Gives a call's decode hold back; room freed there may let a waiting call in. */
   private releaseDecode(hold: DecodeHold): void {
+    hold.permit?.release();
+    hold.permit = null;
     hold.reservation?.release();
     hold.reservation = null;
     const ledger = this.ledgers.get(hold.replica.id)!;
     if (hold.counted === "coming") {
-      ledger.coming--;
-      ledger.comingTokens -= hold.tokens;
+      ledger.coming.delete(hold);
     } else if (hold.counted === "decoding") {
-      ledger.sync(hold.replica.signals.readAtMs);
-      ledger.decoding--;
-      ledger.decodingTokens -= hold.tokens;
-      ledger.decodingGrowth -= hold.maxTokens;
-      ledger.endedCalls++;
-      // At least its prompt left with it (its output too, which the measurement may partly show).
-      ledger.endedTokens += hold.tokens - hold.maxTokens;
+      // A reading taken before the call ended still shows its KV: what it showed of it stays counted as shown.
+      ledger.sync(hold.replica.signals);
+      ledger.decoding.delete(hold);
     }
     hold.counted = null;
     if (this.waiters.length > 0) this.wake();
@@ -539,13 +582,14 @@ export class DisaggregatedPath {
 
   /**
    * The prefill leg: one token, the KV kept for the decode side; resolves with
-   * the hand-over parameters (with a pairing, the pairing itself).
+   * the engine's answer. Beside a paired decode leg it carries the pairing and
+   * stops when `paired.signal` aborts.
    */
   private async runPrefill(
     call: RoutedCall,
     holds: { reservation: Reservation | null; inflight: number },
     paired?: { pairing: Readonly<Record<string, unknown>>; signal: AbortSignal },
-  ): Promise<Readonly<Record<string, unknown>>> {
+  ): Promise<EngineResult> {
     const { req, prefill, uncached } = call;
     holds.reservation?.activate();
     prefill.startPrefill(uncached);
@@ -591,42 +635,43 @@ export class DisaggregatedPath {
     const elapsed = this.ctx.clock.now() - startedAt;
     if (uncached > 0 && elapsed > 0) prefill.prefillRate.observe(uncached, elapsed);
     this.ctx.recordPrefix(prefill, call.hashes);
-    if (paired) return paired.pairing;
-    if (!result.kvTransferParams) {
-      throw new Refusal(
-        "unavailable",
-        `prefill replica ${prefill.id} handed no KV over (no kv_transfer_params in its answer: is it started with a KV connector?)`,
-        { retryAfterSeconds: 1, scope: "worker" },
-      );
-    }
-    return result.kvTransferParams;
+    return result;
+  }
+
+  /** The hand-over parameters of a finished prefill; an engine without a KV connector answers none. */
+  private handover(prefill: ReplicaRuntime, result: EngineResult): Readonly<Record<string, unknown>> {
+    if (result.kvTransferParams) return result.kvTransferParams;
+    throw new Refusal(
+      "unavailable",
+      `prefill replica ${prefill.id} handed no KV over (no kv_transfer_params in its answer: is it started with a KV connector?)`,
+      { retryAfterSeconds: 1, scope: "worker" },
+    );
   }
 
   /**
-   * The decode leg, through the decode replica's gate; from its start the
-   * admitted call owns every hold. Beside a paired prefill leg, it stops when
-   * `paired.signal` aborts and is admitted only once the prefill leg ended.
+   * The decode leg, on the place at the decode replica's gate the hold already
+   * has: nothing here can refuse the call, only the engine can fail. From the
+   * leg's start the admitted call owns every hold. Beside a paired prefill leg,
+   * it stops when `paired.signal` aborts and is admitted only once the prefill
+   * leg ended.
    */
   private async runDecode(
     call: RoutedCall,
     hold: DecodeHold,
     handover: Readonly<Record<string, unknown>>,
     admittedAt: number,
+    waitedOnArrivalMs: number,
     paired?: { signal: AbortSignal; prefillLeg: Promise<void> },
   ): Promise<AdmittedCall> {
     const { req, lane } = call;
     const replica = hold.replica;
-    const gateStart = this.ctx.clock.now();
-    // Beside a paired prefill leg, a failed prefill also ends the wait at the decode gate.
-    const gateReq = paired
-      ? { ...req, signal: AbortSignal.any(req.signal ? [req.signal, paired.signal] : [paired.signal]) }
-      : req;
-    let permit = await this.ctx.passGate(gateReq, replica, lane, 0);
+    const permit = hold.permit;
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
     const unlinkPaired = followAbort(paired?.signal, abort);
     let stream: EngineStream;
     try {
+      req.signal?.throwIfAborted();
       hold.reservation?.activate();
       stream = await replica.generate({
         requestId: req.requestId,
@@ -646,8 +691,6 @@ export class DisaggregatedPath {
       abort.abort(error);
       unlinkSignal();
       unlinkPaired();
-      permit?.release();
-      permit = null;
       throw error;
     }
     unlinkPaired();
@@ -665,10 +708,12 @@ export class DisaggregatedPath {
       admittedAt,
       unlinkSignal,
     });
-    // From here the admitted call gives back the reservation; the count is this path's.
+    // From here the admitted call gives back the permit and the reservation; the count is this path's.
+    hold.permit = null;
     hold.reservation = null;
     const holdings: CallHoldings = {
       firstToken: () => held.firstToken(),
+      generated: (tokens) => this.grew(hold, tokens),
       finish: (outcome, result, outputTokens) => {
         held.finish(outcome, result, outputTokens);
         this.releaseDecode(hold);
@@ -678,7 +723,7 @@ export class DisaggregatedPath {
       requestId: req.requestId,
       lane,
       replica: replica.id,
-      queueMs: admittedAt - call.startedAt + (this.ctx.clock.now() - gateStart),
+      queueMs: admittedAt - call.startedAt + waitedOnArrivalMs,
       inputTokens: call.tokens.length,
       maxTokens: call.maxTokens,
       sessionId: call.session?.id,

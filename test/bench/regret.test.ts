@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
+import { type PdRow, pdTargets } from "../../bench/pd.js";
 import type { BenchDoc, RowLike } from "../../bench/regret.js";
 import {
   agentsMixedChecks,
@@ -225,6 +226,57 @@ describe("docs/results.md", () => {
     const recorded = join(REPO, "docs/results.md");
     if (!existsSync(recorded)) return;
     assert.equal(readFileSync(recorded, "utf8"), renderResultsDoc(readResults(join(REPO, "bench/results"))));
+  });
+});
+
+describe("the pd targets", () => {
+  const pdRow = (policy: string, values: Partial<PdRow>): PdRow =>
+    ({
+      ...row(policy),
+      wasted_prefill_tokens: 0,
+      refused_after_prefill: 0,
+      decode_kv_mean: 0.8,
+      decode_kv_cv: 0.2,
+      groups: {},
+      ...values,
+    }) as PdRow;
+
+  it("are sluice's wasted prefill, and its goodput and decode KV CV over current-load admission's, each met or missed", () => {
+    const rows = [
+      pdRow("sluice", { goodput_rps: 2.6, decode_kv_cv: 0.09 }),
+      pdRow("current-load", { goodput_rps: 2, decode_kv_cv: 0.2, wasted_prefill_tokens: 5000 }),
+    ];
+    assert.deepEqual(
+      pdTargets({ rows }).map((t) => [t.measured, t.met]),
+      [
+        [0, true],
+        [1.3, true],
+        [0.45, true],
+      ],
+    );
+    const missed = [
+      pdRow("sluice", { goodput_rps: 2.5, wasted_prefill_tokens: 10, decode_kv_cv: 0.15 }),
+      rows[1]!,
+    ];
+    assert.deepEqual(
+      pdTargets({ rows: missed }).map((t) => t.met),
+      [false, false, false],
+    );
+    assert.deepEqual(pdTargets({ rows: [rows[0]!] }), [], "nothing to compare with");
+  });
+
+  it("are checked in docs/results.md beside the pd table", () => {
+    const rows = [pdRow("sluice", { goodput_rps: 2.6 }), pdRow("current-load", { goodput_rps: 2.7 })];
+    const text = renderResultsDoc({
+      docs: [],
+      pd: { fleet: "2 prefill + 2 decode", workload: "agents and chat", steady_s: [60, 240], rows },
+    });
+    assert.match(text, /## pd: disaggregated prefill and decode/);
+    assert.match(
+      text,
+      /\| \*\*missed\*\* \| pd \| sluice goodput ÷ current-load admission's \| 0\.963 \| ≥ 1\.3 \|/,
+    );
+    assert.match(text, /\| current-load \| 2\.7 \|/);
   });
 });
 

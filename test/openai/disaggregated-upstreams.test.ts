@@ -128,7 +128,7 @@ describe("sluice serve with a prefill and a decode upstream", () => {
     await until(() => idle(server));
   });
 
-  it("a client that leaves between the prefill and the decode call holds nothing afterwards", async () => {
+  it("a client that leaves while queued for the decode replica's gate holds nothing afterwards and cost no prefill", async () => {
     const prefill = await sim("prefill", "p0");
     const decode = await sim("decode", "d0");
     const server = await serve(
@@ -144,9 +144,9 @@ describe("sluice serve with a prefill and a decode upstream", () => {
     const second = new AbortController();
     const pending = chat(server.url, "A short question.", 8, second.signal).catch((error: Error) => error);
     const decodeGate = () => server.scheduler.state().replicas.find((r) => r.id === "d0")!.gate;
-    // Its prefill is done once it waits at the decode replica's gate.
+    // It takes its place at the decode replica's gate before its prefill, so it waits there first.
     await until(() => decodeGate().queued === 1);
-    assert.equal(prefill.engine.stats().generationTokens, 2, "both prefills ran");
+    assert.equal(prefill.engine.stats().generationTokens, 1, "only the first call's prefill ran");
     second.abort();
     const outcome = await pending;
     assert.ok(outcome instanceof Error && outcome.name === "AbortError");
@@ -154,6 +154,7 @@ describe("sluice serve with a prefill and a decode upstream", () => {
     first.abort();
     await firstResponse.body?.cancel().catch(() => undefined);
     await until(() => idle(server));
+    assert.equal(prefill.engine.stats().generationTokens, 1, "the second call's prefill never ran");
     assert.equal(decode.engine.transfers.transfers, 1, "the second call's KV was never pulled");
     assert.equal(
       server.scheduler.state().disaggregation?.wastedPrefillTokens,

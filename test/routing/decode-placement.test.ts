@@ -6,9 +6,16 @@ import {
   chooseDecode,
   type DecodeCandidate,
   type DecodeDemand,
+  type DecodingCall,
   decodeRoom,
+  peakKvTokens,
   transferMs,
 } from "../../src/routing/decode-placement.js";
+
+/** Ten calls of 5,000 tokens decoding, each with `remaining` tokens still to generate. */
+function decodingCalls(remaining = 0): DecodingCall[] {
+  return Array.from({ length: 10 }, () => ({ kvTokens: 5_000, remainingTokens: remaining }));
+}
 
 function candidate(overrides: Partial<DecodeCandidate> = {}): DecodeCandidate {
   return {
@@ -20,16 +27,9 @@ function candidate(overrides: Partial<DecodeCandidate> = {}): DecodeCandidate {
     batchSlots: 256,
     kvUsage: 0.5,
     running: 10,
-    startedSinceScrapeCalls: 0,
-    startedSinceScrapeTokens: 0,
-    endedSinceScrapeCalls: 0,
-    endedSinceScrapeTokens: 0,
-    comingCalls: 0,
-    comingTokens: 0,
-    decodingCalls: 10,
-    decodingTokens: 50_000,
-    decodingGrowthTokens: 0,
-    completionsPerSecond: 0,
+    shownTokens: 50_000,
+    coming: [],
+    decoding: decodingCalls(),
     transferTokensPerSecond: 200_000,
     ...overrides,
   };
@@ -51,30 +51,67 @@ describe("decodeRoom", () => {
     assert.ok(Math.abs(transferMs(18_999, 200_000) - 94.995) < 1e-9);
   });
 
-  it("predicted: calls coming and started since the scrape take room, calls ended since give it back, decoding calls may still grow", () => {
-    const c = candidate({
-      comingCalls: 2,
-      comingTokens: 30_000,
-      startedSinceScrapeCalls: 1,
-      startedSinceScrapeTokens: 8_000,
-      endedSinceScrapeCalls: 3,
-      endedSinceScrapeTokens: 12_000,
-      decodingGrowthTokens: 5_000,
-    });
-    const room = decodeRoom(c, demand, "predicted");
-    assert.equal(room.tokens, 90_000 - (50_000 + 8_000 - 12_000 + 30_000 + 5_000));
-    assert.equal(room.slots, 256 - (10 + 1 - 3 + 2));
-    // On current load the same replica looks like it has room for the call; predicted, it has none.
-    assert.ok(decodeRoom(c, demand, "current").tokens >= demand.tokens);
-    assert.ok(room.tokens < demand.tokens);
+  it("predicted: the call fits when the replica's peak with it stays within the usable KV; calls on their way count, and KV the scrape shows beyond the known calls stays", () => {
+    // The decoding calls have nothing left to generate: the peak is now, with the call's prompt (19,000) there too.
+    const roomWith = (heldNow: number) => 90_000 - (heldNow + 19_000) + demand.tokens;
+    assert.equal(decodeRoom(candidate(), demand, "predicted").tokens, roomWith(50_000));
+    const coming = candidate({ coming: [{ promptTokens: 10_000, maxTokens: 1_000 }] });
+    assert.equal(decodeRoom(coming, demand, "predicted").tokens, roomWith(60_000));
+    assert.equal(decodeRoom(coming, demand, "predicted").slots, 256 - 10 - 1);
+    // Another client's 8,000 tokens on the replica: measured, not known.
+    const foreign = candidate({ kvUsage: 0.58 });
+    assert.equal(Math.round(decodeRoom(foreign, demand, "predicted").tokens), roomWith(58_000));
+    // Prompt blocks shared between the known calls: the scrape shows 6,000 fewer tokens than they count.
+    const shared = candidate({ kvUsage: 0.44 });
+    assert.equal(Math.round(decodeRoom(shared, demand, "predicted").tokens), roomWith(44_000));
+    // A call started since the scrape is known but not shown: it counts in full.
+    const started = candidate({ decoding: [...decodingCalls(), { kvTokens: 8_000, remainingTokens: 0 }] });
+    assert.equal(decodeRoom(started, demand, "predicted").tokens, roomWith(58_000));
+    // On current load that replica looks as it did before the call started.
+    assert.equal(decodeRoom(started, demand, "current").tokens, 90_000 - 50_000);
   });
 
-  it("predicted: completions expected before the KV arrives free their calls' mean size; none are expected without a measured rate", () => {
-    const slow = decodeRoom(candidate({ completionsPerSecond: 0 }), demand, "predicted");
-    // 4 completions a second over ~0.6 s: 2 whole calls of the 10 decoding (5,000 tokens each).
-    const fast = decodeRoom(candidate({ completionsPerSecond: 4 }), demand, "predicted");
-    assert.equal(fast.tokens - slow.tokens, 10_000);
-    assert.equal(fast.slots - slow.slots, 2);
+  it("predicted: decoding calls grow until their remaining output is out, then free their KV", () => {
+    // Ten calls with 2,100 tokens still to come hold 70,990 at their last step, the call's prompt and 1,000 of its output beside them.
+    const growing = candidate({ decoding: decodingCalls(2_100) });
+    const room = decodeRoom(growing, demand, "predicted");
+    assert.equal(room.tokens, 90_000 - (10 * (5_000 + 2_099) + 20_000) + demand.tokens);
+    assert.ok(room.tokens < demand.tokens);
+    // The same calls at their last 100 tokens end before the call has grown much: it fits.
+    const ending = candidate({ decoding: decodingCalls(100) });
+    assert.ok(decodeRoom(ending, demand, "predicted").tokens >= demand.tokens);
+  });
+});
+
+describe("peakKvTokens", () => {
+  it("is the most the replica holds at any step, each call growing one token a step until its end", () => {
+    assert.equal(peakKvTokens([], []), 0);
+    // One call of 100 with 10 to go: 109 at its last step.
+    assert.equal(peakKvTokens([{ kvTokens: 100, remainingTokens: 10 }], []), 109);
+    // A short call ends before a long one has grown past what they held together.
+    const calls = [
+      { kvTokens: 1_000, remainingTokens: 5 },
+      { kvTokens: 100, remainingTokens: 2_000 },
+    ];
+    assert.equal(peakKvTokens(calls, []), Math.max(1_000 + 4 + 100 + 4, 100 + 1_999));
+    // A joining call is there from now, and stays at its input + max_tokens.
+    assert.equal(
+      peakKvTokens(calls, [{ promptTokens: 500, maxTokens: 50 }]),
+      Math.max(1_104 + 504, 2_099 + 550),
+    );
+    assert.equal(peakKvTokens([], [{ promptTokens: 500, maxTokens: 50 }]), 550);
+  });
+
+  it("counts calls that end together once, and a call with nothing left to generate only now", () => {
+    const tied = [
+      { kvTokens: 10, remainingTokens: 3 },
+      { kvTokens: 20, remainingTokens: 3 },
+      { kvTokens: 5, remainingTokens: 0 },
+    ];
+    // Now (35, the ending call included) is more than just before the two end together (12 + 22).
+    assert.equal(peakKvTokens(tied, []), 35);
+    assert.equal(peakKvTokens(tied.slice(0, 2), []), 10 + 2 + 20 + 2);
+    assert.equal(peakKvTokens([{ kvTokens: 50, remainingTokens: 0 }], []), 50);
   });
 });
 

@@ -15,6 +15,7 @@ class Replica implements Engine {
   readonly id: string;
   readonly role;
   failDecode = false;
+  failPrefill = false;
   constructor(readonly sim: SimEngine) {
     this.id = sim.id;
     this.role = sim.role;
@@ -24,6 +25,9 @@ class Replica implements Engine {
   }
   generate(call: EngineCall): Promise<EngineStream> {
     if (this.failDecode && call.kvTransferParams?.do_remote_prefill === true) {
+      return Promise.reject(new EngineError("connection refused"));
+    }
+    if (this.failPrefill && call.kvTransferParams?.do_remote_decode === true) {
       return Promise.reject(new EngineError("connection refused"));
     }
     return this.sim.generate(call);
@@ -133,6 +137,29 @@ describe("disaggregated prefill and decode", () => {
     await settle(clock, scheduler);
   });
 
+  it("follows a decode leg's output: a call fits beside one about to finish, not beside the same call just started", async () => {
+    // About 8,100 usable tokens: the first call's 6,000 at its end and the second's 4,000 fit only one after the other.
+    const { clock, prefill, scheduler } = pdFleet({}, 9000);
+    const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
+    let streamed = 0;
+    const firstDone = (async () => {
+      for await (const chunk of first) streamed += chunk.tokenCount;
+    })();
+    const early = scheduler.submit(request(tokens(1000, 50_000), 3000));
+    early.catch(() => undefined);
+    await clock.advanceAsync(200);
+    assert.equal(prefill.sim.stats().prefillTokens, 3000, "the second call waits before its prefill");
+    while (prefill.sim.stats().prefillTokens === 3000 && streamed < 3000) await clock.advanceAsync(100);
+    // Once the first call has under ~1,100 tokens to go it ends before the second has grown by as much.
+    assert.ok(streamed < 3000, "the second call's prefill started while the first call was still decoding");
+    assert.ok(streamed >= 1900, `not before the first call's end was near (${streamed} of 3000 streamed)`);
+    const second = await run(clock, early);
+    assert.equal(await run(clock, drain(second)), 3000);
+    await run(clock, firstDone);
+    assert.equal(streamed, 3000);
+    await settle(clock, scheduler);
+  });
+
   it("refuses before prefill when no decode replica will have room within the lane's wait: 429 decode_budget_exhausted, no prefill spent", async () => {
     const { clock, prefill, scheduler } = pdFleet({ lanes: { bulk: { maxResidenceMs: 2000 } } }, 8192);
     const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
@@ -183,20 +210,112 @@ describe("disaggregated prefill and decode", () => {
     await settle(clock, scheduler);
   });
 
-  it("a client that cancels between the two calls (queued at the decode gate) leaves nothing held", async () => {
-    const { clock, decode, scheduler } = pdFleet({ gate: { engineRequestLimit: 1 } });
+  it("takes its place at the decode replica's gate before the prefill and holds it through the hand-over", async () => {
+    const { clock, prefill, scheduler } = pdFleet();
+    const gateOf = (id: string) => scheduler.state().replicas.find((r) => r.id === id)!.gate;
+    const pending = scheduler.submit(request(tokens(30_000), 20));
+    pending.catch(() => undefined);
+    await clock.advanceAsync(50);
+    assert.ok(prefill.sim.stats().prefillTokens < 30_000, "the prefill is still running");
+    assert.equal(gateOf("prefill-0").requests, 1);
+    assert.equal(gateOf("decode-0").requests, 1, "the decode place is held while the prefill runs");
+    const call = await run(clock, pending);
+    assert.equal(gateOf("prefill-0").requests, 0);
+    assert.equal(gateOf("decode-0").requests, 1, "the same place, now the decode leg's");
+    assert.equal(await run(clock, drain(call)), 20);
+    assert.equal(gateOf("decode-0").requests, 0);
+    await settle(clock, scheduler);
+  });
+
+  it("a full decode gate refuses the call before its prefill: nothing computed, nothing wasted, nothing held", async () => {
+    const { clock, prefill, scheduler } = pdFleet({ gate: { engineRequestLimit: 1, requestQueueLimit: 0 } });
     const first = await run(clock, scheduler.submit(request(tokens(1000), 2000)));
     const firstDone = drain(first);
+    const before = prefill.sim.stats().prefillTokens;
+    await assert.rejects(
+      run(clock, scheduler.submit(request(tokens(1000, 50_000), 20))),
+      (error: Refusal) => {
+        assert.ok(error instanceof Refusal);
+        assert.equal(error.reason, "worker_overloaded");
+        return true;
+      },
+    );
+    assert.equal(prefill.sim.stats().prefillTokens, before, "the refused call cost no prefill");
+    assert.deepEqual(scheduler.state().disaggregation, {
+      decodeCheck: "predicted",
+      refusedAfterPrefill: 0,
+      wastedPrefillTokens: 0,
+    });
+    assert.equal(await run(clock, firstDone), 2000);
+    await settle(clock, scheduler);
+  });
+
+  it("a client that cancels while queued at the decode gate leaves nothing held and cost no prefill", async () => {
+    const { clock, prefill, decode, scheduler } = pdFleet({ gate: { engineRequestLimit: 1 } });
+    const first = await run(clock, scheduler.submit(request(tokens(1000), 2000)));
+    const firstDone = drain(first);
+    const before = prefill.sim.stats().prefillTokens;
     const abort = new AbortController();
     const second = scheduler.submit(request(tokens(1000, 50_000), 20, { signal: abort.signal }));
     second.catch(() => undefined);
-    // Its prefill ends well within a second; then it waits for the decode gate, held by the first call.
     await clock.advanceAsync(1000);
     assert.equal(scheduler.state().replicas.find((r) => r.id === "decode-0")!.gate.queued, 1);
+    assert.equal(prefill.sim.stats().prefillTokens, before, "it queues for decode before its prefill");
     abort.abort();
     await assert.rejects(run(clock, second), (error: Error) => error.name === "AbortError");
     assert.equal(decode.sim.transfers.transfers, 1, "only the first call's KV was pulled");
+    assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 0);
+    assert.equal(await run(clock, firstDone), 2000);
+    await settle(clock, scheduler);
+  });
+
+  it("a client that cancels during the prefill gives the decode place and room back", async () => {
+    const { clock, decode, scheduler } = pdFleet();
+    const abort = new AbortController();
+    const pending = scheduler.submit(request(tokens(30_000), 20, { signal: abort.signal }));
+    pending.catch(() => undefined);
+    await clock.advanceAsync(50);
+    assert.equal(scheduler.state().replicas.find((r) => r.id === "decode-0")!.gate.requests, 1);
+    abort.abort();
+    await assert.rejects(run(clock, pending), (error: Error) => error.name === "AbortError");
+    assert.equal(decode.sim.transfers.transfers, 0, "no KV was pulled");
     assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 0, "a cancel is not a refusal");
+    await settle(clock, scheduler);
+  });
+
+  it("a prefill replica that fails: 503 unavailable, the decode place and room given back, nothing counted as wasted", async () => {
+    const { clock, prefill, decode, scheduler } = pdFleet();
+    prefill.failPrefill = true;
+    await assert.rejects(run(clock, scheduler.submit(request(tokens(2000), 10))), (error: Refusal) => {
+      assert.equal(error.reason, "unavailable");
+      return true;
+    });
+    assert.equal(decode.sim.transfers.transfers, 0);
+    assert.equal(scheduler.state().disaggregation?.wastedPrefillTokens, 0);
+    await settle(clock, scheduler);
+  });
+
+  it("with --decode-check current a call may still be refused at the decode gate after its prefill, and that is counted", async () => {
+    const { clock, prefill, scheduler } = pdFleet({
+      disaggregation: { decodeCheck: "current" },
+      gate: { engineRequestLimit: 1, requestQueueLimit: 0 },
+    });
+    const first = await run(clock, scheduler.submit(request(tokens(1000), 2000)));
+    const firstDone = drain(first);
+    const before = prefill.sim.stats().prefillTokens;
+    await assert.rejects(
+      run(clock, scheduler.submit(request(tokens(1000, 50_000), 20))),
+      (error: Refusal) => {
+        assert.equal(error.reason, "worker_overloaded");
+        return true;
+      },
+    );
+    assert.equal(prefill.sim.stats().prefillTokens - before, 1000, "its prefill ran first");
+    assert.deepEqual(scheduler.state().disaggregation, {
+      decodeCheck: "current",
+      refusedAfterPrefill: 1,
+      wastedPrefillTokens: 1000,
+    });
     assert.equal(await run(clock, firstDone), 2000);
     await settle(clock, scheduler);
   });
