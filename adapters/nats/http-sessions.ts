@@ -8,7 +8,7 @@
  * directory (JetStream KV `sluice-sessions`) says who holds what.
  */
 
-import type { NatsConnection, NatsError } from "nats";
+import type { NatsConnection } from "nats";
 import { Refusal, renderRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
 import { sessionHeaderOf } from "../openai-api/call-headers.js";
@@ -93,27 +93,21 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
   // One take-over per session at a time: concurrent steps of it wait for the first.
   const takingOver = new Map<string, Promise<Handover | "busy" | undefined>>();
 
+  // A request that fails throws: the directory's one rule tells a gone holder from a slow one.
   const release = async (owner: string, id: string): Promise<TakeoverAnswer> => {
-    try {
-      const reply = await nc.request(
-        frontendSubject(owner, "sessions.release"),
-        encoder.encode(JSON.stringify({ id })),
-        { timeout: releaseTimeoutMs },
-      );
-      if (reply.headers?.get(HEADERS.serviceErrorCode)) return { kind: "not-held" };
-      const body = JSON.parse(decoder.decode(reply.data)) as {
-        status?: string;
-        handover?: Handover;
-      };
-      if (body.status === "released" && body.handover) return { kind: "released", handover: body.handover };
-      if (body.status === "busy") return { kind: "busy" };
-      return { kind: "not-held" };
-    } catch (err) {
-      // No responders: the holder is gone (its subscription died with it). A timeout says the same; so
-      // does a connection lost meanwhile, as far as this step can tell.
-      void (err as NatsError);
-      return { kind: "gone" };
-    }
+    const reply = await nc.request(
+      frontendSubject(owner, "sessions.release"),
+      encoder.encode(JSON.stringify({ id })),
+      { timeout: releaseTimeoutMs },
+    );
+    if (reply.headers?.get(HEADERS.serviceErrorCode)) return { kind: "not-held" };
+    const body = JSON.parse(decoder.decode(reply.data)) as {
+      status?: string;
+      handover?: Handover;
+    };
+    if (body.status === "released" && body.handover) return { kind: "released", handover: body.handover };
+    if (body.status === "busy") return { kind: "busy" };
+    return { kind: "not-held" };
   };
 
   const takeOver = (id: string) => {

@@ -7,7 +7,7 @@
  * so a session keeps one window slot however the queue group spreads its steps.
  */
 
-import { Empty, type KV, type KvEntry, type NatsConnection } from "nats";
+import { Empty, ErrorCode, type KV, type KvEntry, type NatsConnection, type NatsError } from "nats";
 import { Refusal } from "../../src/errors.js";
 import type { SessionDirectory } from "../../src/sessions/window-authority.js";
 import type { SchedulerEvents, SessionState } from "../../src/types.js";
@@ -62,8 +62,14 @@ export interface KvSessionDirectoryOptions {
    * a step run here without knowing the holder would open a second copy of the session.
    */
   claimTimeoutMs?: number;
-  /** Longest a liveness ping of another frontend waits, ms. Default 500. */
+  /** Longest a liveness ping of another frontend waits, ms; slower refuses the step with 503. Default 500. */
   pingTimeoutMs?: number;
+  /**
+   * How long a holder may have no subscriber on its subject before its sessions are taken over, ms.
+   * Default 3000: after a NATS restart the frontends resubscribe one by one (reconnect wait 250 ms plus
+   * jitter), and a holder not yet back is not gone.
+   */
+  holderGraceMs?: number;
   /** A frontend that answered a ping is taken as alive this long, ms. Default 1000. */
   aliveCacheMs?: number;
   /** Whether the connection is up (lookups while it is down answer "unknown" at once). */
@@ -115,11 +121,14 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   private readonly lookupTimeoutMs: number;
   private readonly claimTimeoutMs: number;
   private readonly pingTimeoutMs: number;
+  private readonly holderGraceMs: number;
   private readonly aliveCacheMs: number;
   private readonly isConnected: () => boolean;
   private readonly onError: (err: unknown) => void;
   private readonly pending = new Map<string, SessionRecordValue>();
   private readonly aliveUntil = new Map<string, number>();
+  /** Frontends last found with no subscriber: when that was first and last seen (performance.now()). */
+  private readonly unheard = new Map<string, { first: number; last: number }>();
   /** Sessions handed to another frontend: their local close is not written. */
   private readonly released = new Set<string>();
   private flushing: Promise<void> | undefined;
@@ -134,10 +143,12 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     this.claimTimeoutMs = options.claimTimeoutMs ?? 5000;
     this.pingTimeoutMs = options.pingTimeoutMs ?? 500;
     this.aliveCacheMs = options.aliveCacheMs ?? 1000;
+    this.holderGraceMs = options.holderGraceMs ?? 3000;
     for (const [name, value] of [
       ["lookupTimeoutMs", this.lookupTimeoutMs],
       ["claimTimeoutMs", this.claimTimeoutMs],
       ["pingTimeoutMs", this.pingTimeoutMs],
+      ["holderGraceMs", this.holderGraceMs],
       ["aliveCacheMs", this.aliveCacheMs],
     ] as const) {
       if (!(Number.isFinite(value) && value > 0))
@@ -189,7 +200,8 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
    * Makes this frontend the session's holder (an HTTP step arrived here).
    * A live holder elsewhere is asked to hand it over first (`release`): it
    * answers once no step of the session runs there, with its history; a
-   * holder that does not answer is gone. The claim is a compare-and-set, so
+   * holder with no subscriber for `holderGraceMs` is gone, a slow one is
+   * not (503). The claim is a compare-and-set, so
    * two frontends taking the same session at once cannot both win. Returns
    * the history to adopt; "busy" when a step of it still runs at its holder
    * after the holder's wait; or undefined (a new session, or NATS unreachable:
@@ -220,10 +232,11 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
       const open = value !== undefined && value.state !== "closed";
       let handover: Handover | undefined;
       if (open && value.frontend !== this.frontendId) {
+        const holder = value.frontend;
         const answer =
-          releasedBy?.frontend === value.frontend
+          releasedBy?.frontend === holder
             ? ({ kind: "released", handover: releasedBy.handover } as const)
-            : await release(value.frontend, id);
+            : await this.askHolder(holder, id, () => release(holder, id));
         // Its holder waited for the step running there and it still runs: never a second copy.
         if (answer.kind === "busy") return "busy";
         if (answer.kind === "released") releasedBy = { frontend: value.frontend, handover: answer.handover };
@@ -280,27 +293,27 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     }
   }
 
+  /**
+   * Where a step, close or read of a session not open here is served. Waits for KV up to the claim
+   * bound and refuses with 503 when it does not answer: served here, a close or read would act on a
+   * stale local copy while the holder keeps the session open.
+   */
   async route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute> {
     if (!this.isConnected()) return { owner: "self" };
     const key = kvKey(sessionId);
     for (let attempt = 0; attempt < 3; attempt++) {
       let entry: KvEntry | null | undefined;
       try {
-        entry = await withTimeout(
-          this.kv.get(key),
-          options.claim ? this.claimTimeoutMs : this.lookupTimeoutMs,
-        );
+        entry = await withTimeout(this.kv.get(key), this.claimTimeoutMs);
       } catch (err) {
         this.onError(err);
         return { owner: "self" };
       }
-      if (entry === undefined) {
-        if (options.claim) throw unsettled(sessionId, "did not answer in time");
-        return { owner: "self" };
-      }
+      if (entry === undefined) throw unsettled(sessionId, "did not answer in time");
       const value = decode(entry);
       if (value && value.state !== "closed" && value.frontend !== this.frontendId) {
-        if (await this.alive(value.frontend)) return { owner: "other", frontendId: value.frontend };
+        if (await this.alive(value.frontend, sessionId))
+          return { owner: "other", frontendId: value.frontend };
       }
       if (!options.claim) return { owner: "self" };
       // Free, closed, ours, or held by a frontend that is gone: take it, atomically against a concurrent taker.
@@ -367,6 +380,8 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
   /** The connection came back: write what queued up while it was down. */
   reconnected(): void {
     this.aliveUntil.clear();
+    // What was unheard while this frontend was away says nothing of the others.
+    this.unheard.clear();
     this.kick();
   }
 
@@ -399,17 +414,47 @@ export class KvSessionDirectory implements SessionDirectory, SessionRouter {
     );
   }
 
-  /** Whether another frontend answers on its own subject (cached briefly). */
-  private async alive(frontendId: string): Promise<boolean> {
+  /** Whether another frontend answers on its own subject (cached briefly); see {@link askHolder}. */
+  private async alive(frontendId: string, sessionId: string): Promise<boolean> {
     const until = this.aliveUntil.get(frontendId);
     if (until !== undefined && until > performance.now()) return true;
-    try {
+    const answer = await this.askHolder(frontendId, sessionId, async () => {
       await this.nc.request(frontendSubject(frontendId, "ping"), Empty, { timeout: this.pingTimeoutMs });
-      this.aliveUntil.set(frontendId, performance.now() + this.aliveCacheMs);
-      return true;
-    } catch {
-      this.aliveUntil.delete(frontendId);
-      return false;
+      return true as const;
+    });
+    if (answer === true) this.aliveUntil.set(frontendId, performance.now() + this.aliveCacheMs);
+    else this.aliveUntil.delete(frontendId);
+    return answer === true;
+  }
+
+  /**
+   * Asks a session's holder something over NATS: the one rule for when a holder is gone. No
+   * subscriber on its subject for `holderGraceMs` (asked again meanwhile) is gone: its subscription
+   * died with it. A slow answer is not: a busy holder is alive, and taking its session would open a
+   * second copy, so the step is refused with 503 to be retried.
+   */
+  private async askHolder<T>(
+    holder: string,
+    sessionId: string,
+    ask: () => Promise<T>,
+  ): Promise<T | { kind: "gone" }> {
+    for (;;) {
+      try {
+        const answer = await ask();
+        this.unheard.delete(holder);
+        return answer;
+      } catch (err) {
+        if ((err as NatsError)?.code !== ErrorCode.NoResponders || !this.isConnected()) {
+          throw unsettled(sessionId, `names frontend ${holder}, which did not answer in time`);
+        }
+        const now = performance.now();
+        const seen = this.unheard.get(holder);
+        // A gap longer than the grace since the last miss starts the count afresh: the holder may be reconnecting now.
+        const first = seen && now - seen.last <= this.holderGraceMs ? seen.first : now;
+        this.unheard.set(holder, { first, last: now });
+        if (now - first >= this.holderGraceMs) return { kind: "gone" };
+        await new Promise((resolve) => setTimeout(resolve, Math.min(100, this.holderGraceMs)));
+      }
     }
   }
 }

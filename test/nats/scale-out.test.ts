@@ -130,7 +130,7 @@ describe("two frontends sharing one replica", () => {
       assert.equal(
         holders.length,
         1,
-        `${report.sessionId} is known to ${holders.map((h) => h.id).join(", ")}`,
+        `${report.sessionId} is known to ${holders.map((h) => `${h.id} (${h.scheduler.getSession(report.sessionId)?.state})`).join(", ")}`,
       );
       const view = holders[0]!.scheduler.getSession(report.sessionId)!;
       assert.equal(view.state, "closed");
@@ -374,7 +374,7 @@ describe("a NATS restart mid-run", () => {
       assert.equal(
         holders.length,
         1,
-        `${report.sessionId} is known to ${holders.map((h) => h.id).join(", ")}`,
+        `${report.sessionId} is known to ${holders.map((h) => `${h.id} (${h.scheduler.getSession(report.sessionId)?.state})`).join(", ")}`,
       );
       assert.equal(holders[0]!.scheduler.getSession(report.sessionId)!.state, "closed");
     }

@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { connect, type KV, type NatsConnection } from "nats";
 import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
-import { kvKey } from "../../adapters/nats/protocol.js";
+import { frontendSubject, kvKey } from "../../adapters/nats/protocol.js";
 import { KvSessionDirectory, SESSIONS_BUCKET } from "../../adapters/nats/session-directory.js";
 import { Refusal } from "../../src/errors.js";
 
@@ -75,8 +75,11 @@ describe("a session directory whose KV answers too slowly", () => {
       directory.route("held-elsewhere", { claim: true }),
       (err: unknown) => err instanceof Refusal && err.status === 503,
     );
-    // A read that claims nothing may still answer "here" when KV is slow: nothing is opened by it.
-    assert.deepEqual(await directory.route("held-elsewhere", { claim: false }), { owner: "self" });
+    // A close or read served here would act on a stale local copy while the holder keeps it open.
+    await assert.rejects(
+      directory.route("held-elsewhere", { claim: false }),
+      (err: unknown) => err instanceof Refusal && err.status === 503,
+    );
     slow.release();
     // The record was never overwritten by the refused claims.
     const stored = await kv.get(kvKey("held-elsewhere"));
@@ -133,5 +136,71 @@ describe("a session directory whose KV answers too slowly", () => {
     const stored = (await kv.get(kvKey("raced")))?.json() as { frontend: string; steps: number } | undefined;
     assert.equal(stored?.frontend, "new");
     assert.equal(stored?.steps, 3);
+  });
+});
+
+function holdRecord(id: string, frontend: string): Promise<number> {
+  return kv.put(
+    kvKey(id),
+    new TextEncoder().encode(
+      JSON.stringify({ id, state: "active", replica: "r2", frontend, at: 0, steps: 4 }),
+    ),
+  );
+}
+
+const holderOf = async (id: string) =>
+  ((await kv.get(kvKey(id)))?.json() as { frontend: string } | undefined)?.frontend;
+
+describe("a holder that does not answer", () => {
+  test("one not yet resubscribed (a NATS restart) keeps its session: asked again until it answers", async () => {
+    await holdRecord("reconnecting", "late");
+    const directory = new KvSessionDirectory({ kv, nc, frontendId: "here", holderGraceMs: 5000 });
+    // The holder's connection comes back 300 ms after the step arrives.
+    let sub: ReturnType<NatsConnection["subscribe"]> | undefined;
+    const back = setTimeout(() => {
+      sub = nc.subscribe(frontendSubject("late", "ping"), { callback: (_e, m) => m.respond() });
+    }, 300);
+    try {
+      assert.deepEqual(await directory.route("reconnecting", { claim: true }), {
+        owner: "other",
+        frontendId: "late",
+      });
+      assert.ok(sub, "answered only once it was back");
+    } finally {
+      clearTimeout(back);
+      sub?.unsubscribe();
+    }
+    assert.equal(await holderOf("reconnecting"), "late", "never claimed from a live holder");
+  });
+
+  test("one with no subscriber for the whole grace is gone: its session is claimed with its record", async () => {
+    await holdRecord("orphaned", "dead");
+    const directory = new KvSessionDirectory({ kv, nc, frontendId: "here", holderGraceMs: 300 });
+    assert.deepEqual(await directory.route("orphaned", { claim: true }), { owner: "self" });
+    assert.equal(await holderOf("orphaned"), "here");
+
+    // A take-over asking the same dead holder to release: gone too, and its record is the history.
+    await holdRecord("orphaned-http", "dead-too");
+    const handover = await directory.takeOver("orphaned-http", async (owner, id) => {
+      await nc.request(frontendSubject(owner, "sessions.release"), new TextEncoder().encode(id));
+      throw new Error("unreachable: nobody subscribes to a dead holder's subject");
+    });
+    assert.deepEqual(handover, { replica: "r2", steps: 4, tokens: 0 });
+    assert.equal(await holderOf("orphaned-http"), "here");
+  });
+
+  test("one that is subscribed but slow is alive: the step is refused with 503, the session not taken", async () => {
+    await holdRecord("busy-holder", "slow");
+    const sub = nc.subscribe(frontendSubject("slow", "ping"), { callback: () => {} });
+    try {
+      const directory = new KvSessionDirectory({ kv, nc, frontendId: "here", pingTimeoutMs: 100 });
+      await assert.rejects(
+        directory.route("busy-holder", { claim: true }),
+        (err: unknown) => err instanceof Refusal && err.status === 503 && err.reason === "unavailable",
+      );
+      assert.equal(await holderOf("busy-holder"), "slow");
+    } finally {
+      sub.unsubscribe();
+    }
   });
 });
