@@ -230,6 +230,25 @@ describe("genuine pages across versions", () => {
     assert.deepEqual(sortedUnknown(s), ["blockSize", "kvCapacityTokens", "preemptions", "prefixCache"]);
   });
 
+  it("vLLM under Ray Serve (DataDog's fixture): ray_vllm: names read as vLLM's, profile ray-", () => {
+    const s = read("vllm-ray-serve-datadog.prom");
+    assert.equal(s.flavor, "vllm");
+    // The file joins a V0 capture and a later V1 engine's series; the V1 ones decide the generation.
+    assert.equal(s.profile, "ray-vllm-v1");
+    assert.equal(s.running, 0);
+    assert.equal(s.waiting, 0);
+    assert.equal(s.preemptions, 0);
+    assert.equal(s.kvUsage, 0, "kv_cache_usage_perc, V1's gauge");
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.kvCapacityTokens, 7281 * 16);
+    assert.equal(s.kvCapacitySource, "derived");
+    assert.equal(s.prefixQueryTokens, 117);
+    assert.equal(s.prefixHitTokens, 64);
+    assert.equal(s.dataParallelSize, 1);
+    assert.equal(s.hostKvCapacityTokens, undefined, "external counters never queried: one tier");
+    assert.deepEqual(sortedUnknown(s), ["maxNumSeqs"]);
+  });
+
   it("SGLang's first collector (PR #1461): legacy names, its hit-rate gauge in percent", () => {
     const s = read("sglang-pr1461-first-collector.prom");
     assert.equal(s.profile, "sglang-legacy");

@@ -533,15 +533,18 @@ function nimSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSigna
 // --- detection ----------------------------------------------------------------------------------
 
 /**
- * SGLang's series written `sglang_name` instead of `sglang:name`: so SGLang's
- * router re-exports its workers' series, and so some SGLang builds printed
- * their own (sglang issue #12618, "sglang: -> sglang_"; its Grafana dashboard
- * followed in PR #15758, and later went back). The names mean the same.
+ * A page whose engine series carry another prefix than the engine's own, renamed to the engine's:
+ * - `sglang_name` for `sglang:name`: so SGLang's router re-exports its workers' series, and so
+ *   some SGLang builds printed their own (sglang issue #12618, "sglang: -> sglang_"; its Grafana
+ *   dashboard followed in PR #15758, and later went back);
+ * - `ray_vllm:name` for `vllm:name`: vLLM served by Ray Serve, whose metrics agent prefixes every
+ *   application series with `ray_` (DataDog's vLLM integration maps the same names back).
+ * The names mean the same.
  */
-function withSglangColon(byName: ByName): ByName {
+function renamedPrefix(byName: ByName, from: string, to: string): ByName {
   const renamed: ByName = new Map();
   for (const [name, list] of byName) {
-    if (name.startsWith("sglang_")) renamed.set(`sglang:${name.slice("sglang_".length)}`, list);
+    if (name.startsWith(from)) renamed.set(`${to}${name.slice(from.length)}`, list);
   }
   return renamed;
 }
@@ -577,6 +580,7 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
  * - SGLang: capacity is `max_total_num_tokens`; hit rate from
  *   `cached_tokens_total` over `prompt_tokens_total`, unknown while either is missing;
  *   names written `sglang_…` are read as `sglang:…`.
+ * - vLLM under Ray Serve (`ray_vllm:…`): read as vLLM's, profile `ray-` + vLLM's.
  * - Every missing signal is listed in `unknown`; a missing prefix-cache pair
  *   reads as 0 queries (the meter's "not measured"), never as 0 hits.
  * - Data-parallel size = distinct `dp_rank` or `engine` label values over the engine's series (1 when absent).
@@ -593,8 +597,17 @@ export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | 
   const carries = (name: string) => byName.has(name) || declared.has(name);
   if (VLLM_CORE.some(carries)) return vllmSignals(byName, declared);
   if (SGLANG_CORE.some(carries)) return sglangSignals(byName);
-  const sglangUnderscored = withSglangColon(byName);
+  const sglangUnderscored = renamedPrefix(byName, "sglang_", "sglang:");
   if (SGLANG_CORE.some((n) => sglangUnderscored.has(n))) return sglangSignals(sglangUnderscored);
+  const rayServed = renamedPrefix(byName, "ray_vllm:", "vllm:");
+  if (VLLM_CORE.some((n) => rayServed.has(n))) {
+    const signals = vllmSignals(
+      rayServed,
+      new Set([...declared].filter((n) => n.startsWith("ray_vllm:")).map((n) => n.slice("ray_".length))),
+    );
+    signals.profile = `ray-${signals.profile}`;
+    return signals;
+  }
   if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
     return nimSignals(byName, declared);
   return undefined;
