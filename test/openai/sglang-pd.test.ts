@@ -250,7 +250,8 @@ describe("sluice serve with a prefill and a decode upstream in SGLang's PD mode"
     const decodeGate = () => server.scheduler.state().replicas.find((r) => r.id === "d0")!.gate;
     await until(() => decodeGate().queued === 1);
     // The decode side admits a call before its prefill starts: the prefill server has seen only the first call.
-    const prefillRequests = () => prefillSeen.requests.filter((r) => r.path === "/v1/chat/completions").length;
+    const prefillRequests = () =>
+      prefillSeen.requests.filter((r) => r.path === "/v1/chat/completions").length;
     assert.equal(prefillRequests(), 1, "no prefill request before the decode gate let the call in");
     assert.equal(prefill.engine.stats().generationTokens, 1, "only the first call's prompt was computed");
     second.abort();
