@@ -747,7 +747,11 @@ export class Scheduler {
         replica.callEnded();
         replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
-        if (outcome === "ok" && result && held.hashes.length > 0) {
+        // Evidence of thrash is what the cache lost of contexts the window held: a session that
+        // waited for its place (first, paused or dormant) was not held, and finding its cache gone
+        // after minutes away says nothing of W (on the Mooncake conversation trace such returns
+        // were most of the predicted hits lost).
+        if (outcome === "ok" && result && held.hashes.length > 0 && (!session || session.stepHeldInWindow)) {
           replica.thrashEvidence.ended(held.tokens.length - held.uncached, result.cachedTokens);
         }
         if (outcome === "ok" && replica.index) {

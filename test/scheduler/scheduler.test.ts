@@ -362,6 +362,35 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("reads as thrash only hits lost by sessions the window held, not by one that waited for its place", async () => {
+    const { clock, scheduler, engines } = fleet(1);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    const prompt = tokens(1000);
+    const step = async (sessionId: string, input: number[], cached: number) => {
+      engines[0]!.bendCached = (found) => Math.min(found, cached);
+      const admitted = await run(
+        clock,
+        scheduler.submit(request({ sessionId, input: { kind: "tokens", tokens: input } })),
+      );
+      await run(clock, drain(admitted));
+    };
+    await step("a", prompt, Number.POSITIVE_INFINITY);
+    // b's first step shares a's prompt, so its prefix is predicted cached; the engine found none of it.
+    await step("b", prompt, 16);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "a session's first step: the window held nothing of it");
+    // a comes back while holding its place, and its predicted prefix is gone: thrash.
+    await step("a", [...prompt, ...tokens(200, 50_000)], 16);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
   it("does not read a lookup counted in another interval than its prediction as thrash", async () => {
     const { clock, scheduler, engines } = fleet(1);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
