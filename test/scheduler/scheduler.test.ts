@@ -50,6 +50,9 @@ function fleet(replicas: number, config: SchedulerConfigInput = {}, events?: Sch
   return { clock, engines, scheduler };
 }
 
+/** A token window started above the replica's KV capacity, where lost hits can be the window's doing. */
+const ABOVE_CAPACITY: SchedulerConfigInput = { window: { initialTokens: 800_000 } };
+
 function tokens(n: number, offset = 0): number[] {
   return Array.from({ length: n }, (_, i) => offset + i);
 }
@@ -335,7 +338,7 @@ describe("scheduler request path", () => {
   });
 
   it("halves the token window when calls lose the prefix hits predicted for them, once per episode", async () => {
-    const { clock, scheduler, engines } = fleet(1);
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
     await clock.advanceAsync(2_000);
@@ -363,7 +366,7 @@ describe("scheduler request path", () => {
   });
 
   it("reads as thrash only hits lost by sessions the window held, not by one that waited for its place", async () => {
-    const { clock, scheduler, engines } = fleet(1);
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
     await clock.advanceAsync(2_000);
@@ -391,8 +394,28 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
-  it("does not read a lookup counted in another interval than its prediction as thrash", async () => {
+  it("does not cut a window within the KV capacity less the guard band, whatever its sessions lose", async () => {
     const { clock, scheduler, engines } = fleet(1);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    assert.ok(start <= 439_000 * 0.9, `the first W is the capacity less the guard band, got ${start}`);
+    for (const cached of [Number.POSITIVE_INFINITY, 16]) {
+      engines[0]!.bendCached = (found) => Math.min(found, cached);
+      const admitted = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+      );
+      await run(clock, drain(admitted));
+    }
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "its contexts all fit: what they lost, calls outside it pushed out");
+    assertIdle(scheduler);
+  });
+
+  it("does not read a lookup counted in another interval than its prediction as thrash", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     let lookups = { hits: 0, queries: 0 };
     engines[0]!.bend = (signals) => ({
@@ -455,7 +478,7 @@ describe("scheduler request path", () => {
   });
 
   it("reads thrash from the engine's counters where it reports no cached tokens per call", async () => {
-    const { clock, scheduler, engines } = fleet(1);
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     engines[0]!.bendCached = () => 0;
     let lookups = { hits: 0, queries: 0 };
@@ -487,7 +510,7 @@ describe("scheduler request path", () => {
   });
 
   it("does not take a low hit rate the router predicted for thrash", async () => {
-    const { clock, scheduler, engines } = fleet(1);
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     let lookups = { hits: 0, queries: 0 };
     engines[0]!.bend = (signals) => ({
