@@ -18,6 +18,9 @@ import type { PresetOverrides } from "../adapters/engines/sim/presets.js";
 import { resolveSimParams } from "../adapters/engines/sim/presets.js";
 import type { SimEngine } from "../adapters/engines/sim/sim-engine.js";
 import type { Clock } from "../src/clock.js";
+import { Refusal } from "../src/errors.js";
+import { Scheduler } from "../src/scheduler.js";
+import type { AdmittedCall, CallRequest } from "../src/types.js";
 import { simFleet } from "./fleet.js";
 import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
 import { runPolicy } from "./run.js";
@@ -72,21 +75,132 @@ export interface TierRow {
   preemptions: number;
   completed: number;
   unfinished: number;
+  /**
+   * Why calls missed the TTFT SLO, each share of all calls (`MissCause`): the longest part of a
+   * missed call's time to first token.
+   */
+  miss_causes: Partial<Record<MissCause, number>>;
+  /** Times a token window was cut (thrash read) during the run. */
+  window_cuts: number;
   wall_s: number;
 }
 
-/** The benchmark's fleet (`simFleet`), keeping the engines it made to read their counters after the run. */
-function tierFleet(preset: PresetOverrides): FleetFactory & { engines: SimEngine[] } {
+/**
+ * The longest part of a missed call's time to first token: waiting to retry after refusals
+ * (`retry:` and their reasons), waiting for admission once accepted (a session's window place and
+ * the gate's queue), or the engine (its queue and the prefill); `refused` when it never got one.
+ */
+export type MissCause = `retry:${string}` | "admission" | "engine" | "refused";
+
+/** One call as the scheduler saw it: every attempt, for `MissCause`. */
+interface CallTimes {
+  readyAt: number;
+  lastAttemptAt: number;
+  refusals: Set<string>;
+  admittedAt?: number;
+  queueMs?: number;
+  firstTokenAt?: number;
+}
+
+/**
+ * The benchmark's fleet (`simFleet`), keeping the engines it made to read their counters after the
+ * run, and watching the scheduler: each call's attempts, admission and first token (`calls`, by the
+ * call id `runPolicy` puts before `-a<attempt>` in request ids), and the window's cuts.
+ */
+function tierFleet(preset: PresetOverrides): FleetFactory & {
+  engines: SimEngine[];
+  calls: Map<string, CallTimes>;
+  windowCuts: number;
+} {
   const base = simFleet(preset, `${PRESET}${preset.hostKvTokens ? ` + host ${preset.hostKvTokens}` : ""}`);
+  let clock: Clock | undefined;
   const fleet = {
     ...base,
     engines: [] as SimEngine[],
-    createEngines(clock: Clock, replicas: number) {
-      fleet.engines = base.createEngines(clock, replicas) as SimEngine[];
+    calls: new Map<string, CallTimes>(),
+    windowCuts: 0,
+    createEngines(runClock: Clock, replicas: number) {
+      clock = runClock;
+      fleet.engines = base.createEngines(runClock, replicas) as SimEngine[];
       return fleet.engines;
+    },
+    createScheduler(options: Parameters<FleetFactory["createScheduler"]>[0]) {
+      const scheduler = base.createScheduler(options);
+      if (scheduler instanceof Scheduler) {
+        scheduler.addEvents({
+          window: (e) => {
+            if (e.action === "decrease") fleet.windowCuts++;
+          },
+        });
+      }
+      const submit = scheduler.submit.bind(scheduler);
+      scheduler.submit = async (req: CallRequest) => {
+        const now = clock!.now();
+        const id = req.requestId.replace(/-a\d+$/, "");
+        let times = fleet.calls.get(id);
+        if (!times) {
+          times = { readyAt: now, lastAttemptAt: now, refusals: new Set() };
+          fleet.calls.set(id, times);
+        }
+        times.lastAttemptAt = now;
+        let admitted: AdmittedCall;
+        try {
+          admitted = await submit(req);
+        } catch (error) {
+          if (error instanceof Refusal) times.refusals.add(error.reason);
+          throw error;
+        }
+        const call = times;
+        call.admittedAt = clock!.now();
+        call.queueMs = admitted.queueMs;
+        const chunks = admitted[Symbol.asyncIterator].bind(admitted);
+        return Object.assign(admitted, {
+          [Symbol.asyncIterator]: () => {
+            const inner = chunks();
+            return {
+              next: async () => {
+                const step = await inner.next();
+                // As `runPolicy` times it: the first chunk with tokens, else the stream's end.
+                if (step.done || step.value.tokenCount > 0) call.firstTokenAt ??= clock!.now();
+                return step;
+              },
+              return: async () => (await inner.return?.()) ?? { done: true as const, value: undefined },
+            };
+          },
+        });
+      };
+      return scheduler;
     },
   };
   return fleet;
+}
+
+/** Shares of all calls by why they missed their TTFT SLO (`MissCause`). */
+function missCauses(
+  calls: ReadonlyMap<string, CallTimes>,
+  sloMsOf: ReadonlyMap<string, number>,
+  offered: number,
+): Partial<Record<MissCause, number>> {
+  const counts: Partial<Record<MissCause, number>> = {};
+  const count = (cause: MissCause) => {
+    counts[cause] = (counts[cause] ?? 0) + 1;
+  };
+  for (const [id, call] of calls) {
+    if (call.firstTokenAt === undefined) {
+      count("refused");
+      continue;
+    }
+    if (call.firstTokenAt - call.readyAt <= (sloMsOf.get(id) ?? Number.POSITIVE_INFINITY)) continue;
+    const retry = call.lastAttemptAt - call.readyAt;
+    const admission = call.queueMs ?? 0;
+    const engine = call.firstTokenAt - (call.admittedAt ?? call.firstTokenAt);
+    if (retry >= admission && retry >= engine) count(`retry:${[...call.refusals].sort().join("+")}`);
+    else count(admission >= engine ? "admission" : "engine");
+  }
+  const shares: Partial<Record<MissCause, number>> = {};
+  for (const [cause, n] of Object.entries(counts))
+    shares[cause as MissCause] = round((n ?? 0) / Math.max(1, offered));
+  return shares;
 }
 
 function round(x: number, digits = 4): number {
@@ -132,6 +246,7 @@ export async function runTier(options: {
   let cachedAtBest = 0;
   for (const call of workload.calls) cachedAtBest += call.cachedAtBest;
   const evictedPrefix = Math.max(0, cachedAtBest - gpuHits - hostHits);
+  const sloMsOf = new Map(workload.calls.map((call) => [call.id, call.slo.ttftS * 1000]));
   const row: TierRow = {
     workload: options.workload,
     tiers: options.hostKvTokens > 0 ? 2 : 1,
@@ -153,6 +268,8 @@ export async function runTier(options: {
     preemptions: run.row.preemptions,
     completed: run.row.completed,
     unfinished: run.unfinished,
+    miss_causes: missCauses(fleet.calls, sloMsOf, workload.calls.length),
+    window_cuts: fleet.windowCuts,
     wall_s: run.wallS,
   };
   return { row, run };
@@ -175,6 +292,15 @@ export async function simSpeed(hostKvTokens: number): Promise<Record<string, num
   };
 }
 
+/** One load tried by the capacity search. */
+interface CapacityTry {
+  load: number;
+  ttft_miss: number;
+  miss_causes: TierRow["miss_causes"];
+  window_cuts: number;
+  wall_s: number;
+}
+
 /** Largest load at which ≥ 90 % of calls get a first token within the 5 s SLO: a grid, then bisection. */
 export async function sloCapacity(
   policy: BenchPolicy,
@@ -182,11 +308,17 @@ export async function sloCapacity(
   onProgress: (line: string) => void,
   grid: readonly number[] = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4],
   bisections = 3,
-): Promise<{ capacity: number; tried: { load: number; ttft_miss: number; wall_s: number }[] }> {
-  const tried: { load: number; ttft_miss: number; wall_s: number }[] = [];
+): Promise<{ capacity: number; tried: CapacityTry[] }> {
+  const tried: CapacityTry[] = [];
   const meets = async (load: number): Promise<boolean> => {
-    const { run } = await runTier({ workload: "mooncake", policy, hostKvTokens, load });
-    tried.push({ load, ttft_miss: run.ttftMiss, wall_s: run.wallS });
+    const { row, run } = await runTier({ workload: "mooncake", policy, hostKvTokens, load });
+    tried.push({
+      load,
+      ttft_miss: run.ttftMiss,
+      miss_causes: row.miss_causes,
+      window_cuts: row.window_cuts,
+      wall_s: run.wallS,
+    });
     onProgress(
       `[capacity] ${policy} ${hostKvTokens > 0 ? "2 tiers" : "1 tier"} load ${load}: ` +
         `${(run.ttftMiss * 100).toFixed(1)} % miss the TTFT SLO (${run.wallS} s wall)`,

@@ -452,9 +452,9 @@ export class Scheduler {
         predictedHitTokens: decision.predictedHitTokens,
         promptTokens: call.tokens.length,
       });
-      if (hashes.length > 0) replica.predictedHitRate.record(decision.predictedHitTokens, call.tokens.length);
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
       if (this.disaggregated) {
+        if (hashes.length > 0) replica.thrashEvidence.sent(decision.predictedHitTokens, call.tokens.length);
         return await this.disaggregated.admit(
           { req, ...call, prefill: replica, uncached, hashes, startedAt },
           holds,
@@ -668,6 +668,9 @@ export class Scheduler {
     this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
     replica.startPrefill(uncached);
     holds.inflight = uncached;
+    // Counted as sent, not as placed: a call placed may still be refused by the budget or its
+    // deadline, and be placed again when it retries.
+    if (at.hashes.length > 0) replica.thrashEvidence.sent(tokens.length - uncached, tokens.length);
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;
@@ -744,6 +747,13 @@ export class Scheduler {
         replica.callEnded();
         replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
+        // Evidence of thrash is what the cache lost of contexts the window held: a session that
+        // waited for its place (first, paused or dormant) was not held, and finding its cache gone
+        // after minutes away says nothing of W (on the Mooncake conversation trace such returns
+        // were most of the predicted hits lost).
+        if (outcome === "ok" && result && held.hashes.length > 0 && (!session || session.stepHeldInWindow)) {
+          replica.thrashEvidence.ended(held.tokens.length - held.uncached, result.cachedTokens);
+        }
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;
           const promptBlocks = Math.floor(held.tokens.length / blockSize);
@@ -958,12 +968,11 @@ export class Scheduler {
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
       // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
       const fresh = !stale && healthy && !signals.unknown?.includes("kvUsage");
-      const predictedHitRate = replica.predictedHitRate.close();
-      const law = controlWindow(
-        replica,
-        { kvUsage: signals.kvUsage, hitRate, predictedHitRate, fresh },
-        this.windowContext,
+      replica.thrashEvidence.close(
+        replica.hitRate.measured ? replica.hitRate.lastInterval : undefined,
+        signals.kvUsage,
       );
+      const law = controlWindow(replica, { kvUsage: signals.kvUsage, hitRate, fresh }, this.windowContext);
       if (!law) {
         this.admission.setWindow(replica.id, null, healthy);
       } else if (this.windowAuthority) {

@@ -14,9 +14,16 @@ import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import { TokenWindow } from "../sessions/token-window.js";
 import { CacheTurnover } from "../signals/cache-turnover.js";
-import { HitRateMeter, PredictedHitRate } from "../signals/hit-rate.js";
+import { HitRateMeter } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
+import { ThrashEvidence } from "../signals/thrash-evidence.js";
+
+/**
+ * How far back the token window reads its evidence of thrash (`ThrashEvidence`): several control
+ * intervals, so one call that lost its prefix or one interval of low KV usage does not move W alone.
+ */
+const THRASH_HORIZON_MS = 10_000;
 
 /** KV capacity assumed for the prefix index before an engine reports its own, in tokens. */
 const FALLBACK_KV_TOKENS = 1_000_000;
@@ -40,8 +47,8 @@ export class ReplicaRuntime {
   /** Whether placement and the window see this replica's host tier (the policy's `tiers` feature). */
   private readonly seesTiers: boolean;
   readonly hitRate = new HitRateMeter();
-  /** The hit rate placement predicted for the calls it sent here, per control interval (the token window's H is read against it). */
-  readonly predictedHitRate = new PredictedHitRate();
+  /** Predicted against delivered prefix hits and KV usage over the last few control intervals (the token window reads them). */
+  readonly thrashEvidence: ThrashEvidence;
   /** How fast its GPU prefix cache turns over (how long a block outlives its last use). */
   readonly cacheTurnover = new CacheTurnover();
   readonly prefillRate: PrefillRateEstimator;
@@ -70,6 +77,9 @@ export class ReplicaRuntime {
     this.clock = clock;
     this.signalsSeen = engine.signals();
     this.completions = new DrainEstimator({ clock });
+    this.thrashEvidence = new ThrashEvidence(
+      Math.max(1, Math.ceil(THRASH_HORIZON_MS / config.sessions.controlIntervalMs)),
+    );
     const signals = this.signalsSeen;
     this.prefillRate = new PrefillRateEstimator({
       priorTokensPerSecond:

@@ -10,7 +10,6 @@
 import type { SchedulerConfig } from "../config/scheduler-config.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
 import type { SessionAdmission } from "../sessions/session-admission.js";
-import { deliveredHitShare } from "../signals/hit-rate.js";
 import type { SchedulerEvents } from "../types.js";
 import type { ReplicaRuntime } from "./replica-runtime.js";
 
@@ -29,8 +28,6 @@ export interface WindowSignals {
   kvUsage: number;
   /** The interval's hit rate; whether it was measured is the replica's meter's to say. */
   hitRate: number;
-  /** The hit rate the router predicted for the calls it placed there (held over empty intervals); undefined when it predicts none. */
-  predictedHitRate?: number | undefined;
   /** Fresh and healthy: stale signals say nothing about the replica, so W holds still. */
   fresh: boolean;
 }
@@ -88,17 +85,26 @@ export function controlWindow(
   // SPEC 6: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
   window.setFloor(Math.max(o.minTokens ?? 0, context.admission.largestFootprint(replica.id)));
   // H as the token window reads it: the share of the hits the router predicted that the cache
-  // delivered, so a workload with little reuse is not taken for thrash (docs/how-it-works.md).
-  const delivered = deliveredHitShare(
-    replica.hitRate.measured ? hitRate : undefined,
-    signals.predictedHitRate,
-    o.hitLow,
-  );
-  const signal = { kvUsage, hitRate: delivered, waiting: context.admission.waitingFor(replica.id) };
+  // delivered, so a workload with little reuse is not taken for thrash (docs/how-it-works.md),
+  // call by call over a few intervals (`ThrashEvidence`).
+  const { predicted, delivered, kvUsagePeak } = replica.thrashEvidence.read(o.hitLow);
+  // A window within the KV capacity less the guard band holds contexts that all fit in the cache
+  // at once: what its sessions lose there was pushed out by calls it does not govern (one-off
+  // calls, bounded by the gate and the budget), and halving it would only make sessions wait. On
+  // the Mooncake conversation trace without a host tier, half of whose calls are one-off, such
+  // cuts were most of the window's SLO misses (docs/tiers.md).
+  const fits = window.size <= window.options.capacityTokens * (1 - window.options.guardBandFraction);
+  const signal = {
+    kvUsage,
+    kvUsagePeak,
+    hitRate: fits ? undefined : delivered,
+    waiting: context.admission.waitingFor(replica.id),
+  };
   const before = window.size;
   if (fresh) window.observe(signal);
-  const grew = `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
-  const lost = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)}, ${(delivered ?? 1).toFixed(2)} of the ${(signals.predictedHitRate ?? 0).toFixed(2)} predicted < ${o.hitLow}`;
+  if (window.size < before) replica.thrashEvidence.forget();
+  const grew = `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage at most ${kvUsagePeak.toFixed(2)} < ${o.kvLow} over the last intervals`;
+  const lost = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)}, ${(delivered ?? 1).toFixed(2)} of the ${(predicted ?? 0).toFixed(2)} predicted < ${o.hitLow}`;
   report("tokens", before, window.size, window.size < before ? `thrash: ${lost}` : grew);
   return {
     proposed: window.size,

@@ -38,6 +38,11 @@ export class SessionRecord {
   tokens = 0;
   /** Steps in flight right now. */
   running = 0;
+  /**
+   * Whether its latest step was admitted while it held its place in the window (an idle session
+   * coming back within its place), rather than waiting for one — first, paused or dormant.
+   */
+  stepHeldInWindow = false;
   /** Order of first admission; the youngest (largest) are paused first. */
   admittedSeq = 0;
   /** The replica a paused session was moved away from when it resumed elsewhere; cleared by whoever reports it. */
@@ -374,10 +379,12 @@ export class SessionAdmission {
     }
     this.touch(session);
     this.arrive(session, demand);
+    session.stepHeldInWindow = false;
     if (session.state === "active" && session.replica !== null) {
       const slots = this.replicas.get(session.replica);
       if (!session.pauseRequested || session.running > 0 || !slots) {
         session.running++;
+        session.stepHeldInWindow = true;
         return Promise.resolve(session.replica);
       }
       // The window shrank while this session was between steps: this boundary is where it pauses.

@@ -36,6 +36,11 @@ export interface TokenWindowOptions {
 export interface TokenWindowSignal {
   /** KV held by running calls over the capacity, excluding evictable cache (0–1). */
   kvUsage: number;
+  /**
+   * The highest KV usage over the last few intervals (default: `kvUsage`): W grows only while it
+   * stayed below U_low, so one quiet interval between busy ones does not grow it.
+   */
+  kvUsagePeak?: number | undefined;
   /** Token-weighted prefix hit rate over the interval; undefined when nothing was looked up (no measurement). */
   hitRate?: number | undefined;
   /** Whether sessions wait for room in this window. */
@@ -94,7 +99,8 @@ export function resolveTokenWindowOptions(
  *
  * - Thrash, `U > U_high and H < H_low` (CONCUR's thresholds): `W = max(min, W·β)`,
  *   and slow start is over. An interval without lookups (H undefined) cannot cut.
- * - Sessions wait, nothing thrashes and `U < U_low`: W doubles per interval
+ * - Sessions wait, nothing thrashes and `U < U_low` (over the last few intervals, where
+ *   `kvUsagePeak` says): W doubles per interval
  *   until the first cut (slow start), then grows by α (additive increase), up to max.
  * - Otherwise W holds: growing a window nobody waits for only makes it meaningless
  *   (TCP's congestion-window validation, RFC 7661, for the same reason).
@@ -175,6 +181,10 @@ export function stepTokenWindow(
   if (!(typeof kvUsage === "number" && Number.isFinite(kvUsage) && kvUsage >= 0)) {
     throw new RangeError(`kvUsage should be a non-negative ratio, got ${kvUsage}`);
   }
+  const peak = signal.kvUsagePeak;
+  if (peak !== undefined && !(Number.isFinite(peak) && peak >= 0)) {
+    throw new RangeError(`kvUsagePeak should be a non-negative ratio or undefined, got ${peak}`);
+  }
   if (hitRate !== undefined && !(Number.isFinite(hitRate) && hitRate >= 0)) {
     throw new RangeError(`hitRate should be a non-negative ratio or undefined, got ${hitRate}`);
   }
@@ -184,7 +194,7 @@ export function stepTokenWindow(
   if (kvUsage > o.kvHigh && hitRate !== undefined && hitRate < o.hitLow) {
     slowStart = false;
     size = Math.max(floor, Math.floor(before * o.decrease));
-  } else if (waiting && kvUsage < o.kvLow) {
+  } else if (waiting && Math.max(kvUsage, peak ?? kvUsage) < o.kvLow) {
     const grown = slowStart ? before * 2 : before + o.increase;
     size = Math.min(o.max, Math.max(before, Math.floor(grown)));
   }

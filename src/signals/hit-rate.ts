@@ -14,7 +14,8 @@ export interface HitRateMeterOptions {
   initial?: number;
 }
 
-function clampRatio(value: number): number {
+/** `value` within [0, 1]. */
+export function clampRatio(value: number): number {
   return Math.min(1, Math.max(0, value));
 }
 
@@ -100,41 +101,6 @@ export class HitRateMeter {
     this.lastQueries = queries;
     // Counters scraped at slightly different instants can show more hits than lookups.
     this.current = clampRatio(hits / queries);
-  }
-}
-
-/**
- * The prefix hit rate the router predicted for the calls it placed on one replica, token-weighted
- * per control interval: the rate the cache would show if it held what the router's index says.
- * An interval in which nothing was placed holds the previous value.
- */
-export class PredictedHitRate {
-  private hits = 0;
-  private prompts = 0;
-  private current: number | undefined;
-
-  /** A call was placed here with `hitTokens` of its `promptTokens` predicted cached. */
-  record(hitTokens: number, promptTokens: number): void {
-    if (!(hitTokens >= 0 && promptTokens >= hitTokens)) {
-      throw new RangeError(
-        `predicted hits should be within [0, prompt tokens], got ${hitTokens} of ${promptTokens}`,
-      );
-    }
-    this.hits += hitTokens;
-    this.prompts += promptTokens;
-  }
-
-  /** Closes the interval; returns the predicted rate (0–1), undefined before anything was placed. */
-  close(): number | undefined {
-    if (this.prompts > 0) this.current = this.hits / this.prompts;
-    this.hits = 0;
-    this.prompts = 0;
-    return this.current;
-  }
-
-  /** The last closed interval's rate (held over empty intervals). */
-  get value(): number | undefined {
-    return this.current;
   }
 }
 

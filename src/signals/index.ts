@@ -4,7 +4,6 @@ export {
   deliveredHitShare,
   HitRateMeter,
   type HitRateMeterOptions,
-  PredictedHitRate,
   type PrefixCounters,
 } from "./hit-rate.js";
 export {
@@ -13,3 +12,4 @@ export {
   type PrefillRateOptions,
 } from "./prefill-rate.js";
 export { DEFAULT_STALE_AFTER_MS, isStale, SignalAge } from "./staleness.js";
+export { ThrashEvidence, type ThrashReading } from "./thrash-evidence.js";

@@ -9,18 +9,27 @@ import { GateRejection } from "../../src/gate/gate-errors.js";
 import { Scheduler } from "../../src/scheduler.js";
 import type { AdmittedCall, CallRequest, SchedulerEvents } from "../../src/types.js";
 
-/** A real simulated replica whose reported signals a test can bend (stale, saturated). */
+/** A real simulated replica whose reported signals and per-call cached tokens a test can bend (stale, saturated, evicted). */
 class BentSignals implements Engine {
   readonly id: string;
   bend: (signals: EngineSignals) => EngineSignals = (signals) => signals;
+  /** What a call's result reports as its cached prompt tokens, from what the simulator found. */
+  bendCached: (cachedTokens: number) => number = (cachedTokens) => cachedTokens;
   constructor(readonly inner: SimEngine) {
     this.id = inner.id;
   }
   models(): readonly string[] {
     return this.inner.models();
   }
-  generate(call: EngineCall): Promise<EngineStream> {
-    return this.inner.generate(call);
+  async generate(call: EngineCall): Promise<EngineStream> {
+    const stream = await this.inner.generate(call);
+    const result = stream.result.then((r) => ({ ...r, cachedTokens: this.bendCached(r.cachedTokens) }));
+    result.catch(() => undefined);
+    return {
+      firstToken: stream.firstToken,
+      result,
+      [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](),
+    };
   }
   signals(): EngineSignals {
     return this.bend(this.inner.signals());
@@ -40,6 +49,9 @@ function fleet(replicas: number, config: SchedulerConfigInput = {}, events?: Sch
   scheduler.start();
   return { clock, engines, scheduler };
 }
+
+/** A token window started above the replica's KV capacity, where lost hits can be the window's doing. */
+const ABOVE_CAPACITY: SchedulerConfigInput = { window: { initialTokens: 800_000 } };
 
 function tokens(n: number, offset = 0): number[] {
   return Array.from({ length: n }, (_, i) => offset + i);
@@ -325,9 +337,150 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
-  it("halves the token window on a measured thrash interval only, and grows it while sessions wait", async () => {
+  it("halves the token window when calls lose the prefix hits predicted for them, once per episode", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    const call = async (cached: number) => {
+      engines[0]!.bendCached = (found) => Math.min(found, cached);
+      const admitted = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+      );
+      await run(clock, drain(admitted));
+    };
+    await call(Number.POSITIVE_INFINITY);
+    await call(Number.POSITIVE_INFINITY);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "the second call found its prefix: nothing lost");
+    await clock.advanceAsync(10_000);
+    // The prefix was predicted cached; the engine reports a call that found 16 of its ~990 tokens.
+    await call(16);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2), "the predicted hit was lost: thrash");
+    await clock.advanceAsync(10_000);
+    assert.equal(windowTokens(), Math.floor(start / 2), "the episode it acted on does not cut again");
+    assertIdle(scheduler);
+  });
+
+  it("reads as thrash only hits lost by sessions the window held, not by one that waited for its place", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    const prompt = tokens(1000);
+    const step = async (sessionId: string, input: number[], cached: number) => {
+      engines[0]!.bendCached = (found) => Math.min(found, cached);
+      const admitted = await run(
+        clock,
+        scheduler.submit(request({ sessionId, input: { kind: "tokens", tokens: input } })),
+      );
+      await run(clock, drain(admitted));
+    };
+    await step("a", prompt, Number.POSITIVE_INFINITY);
+    // b's first step shares a's prompt, so its prefix is predicted cached; the engine found none of it.
+    await step("b", prompt, 16);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "a session's first step: the window held nothing of it");
+    // a comes back while holding its place, and its predicted prefix is gone: thrash.
+    await step("a", [...prompt, ...tokens(200, 50_000)], 16);
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
+  it("does not cut a window within the KV capacity less the guard band, whatever its sessions lose", async () => {
     const { clock, scheduler, engines } = fleet(1);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    assert.ok(start <= 439_000 * 0.9, `the first W is the capacity less the guard band, got ${start}`);
+    for (const cached of [Number.POSITIVE_INFINITY, 16]) {
+      engines[0]!.bendCached = (found) => Math.min(found, cached);
+      const admitted = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+      );
+      await run(clock, drain(admitted));
+    }
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "its contexts all fit: what they lost, calls outside it pushed out");
+    assertIdle(scheduler);
+  });
+
+  it("does not read a lookup counted in another interval than its prediction as thrash", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    let lookups = { hits: 0, queries: 0 };
+    engines[0]!.bend = (signals) => ({
+      ...signals,
+      kvUsage: 0.8,
+      prefixHitTokens: lookups.hits,
+      prefixQueryTokens: lookups.queries,
+    });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    for (let i = 0; i < 2; i++) {
+      const call = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+      );
+      await run(clock, drain(call));
+    }
+    // The counters show the interval's lookups as misses (another call's, counted late), but the
+    // engine reported the predicted call's prefix cached: the hits were delivered.
+    lookups = { hits: 50, queries: 1000 };
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start);
+    assertIdle(scheduler);
+  });
+
+  it("grows the token window only while KV usage stayed below U_low over the last few intervals", async () => {
+    const { clock, scheduler, engines } = fleet(1, { window: { kvLow: 0.2, initialTokens: 20_000 } });
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    let kvUsage = 0.8;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage });
+    // Sessions wait: two sessions whose first steps together outgrow the window.
+    const big = 12_000;
+    const first = await run(
+      clock,
+      scheduler.submit(
+        request({ sessionId: "a", maxTokens: 20, input: { kind: "tokens", tokens: tokens(big - 20) } }),
+      ),
+    );
+    const second = scheduler.submit(
+      request({
+        sessionId: "b",
+        maxTokens: 20,
+        input: { kind: "tokens", tokens: tokens(big - 20, 1_000_000) },
+      }),
+    );
+    second.catch(() => undefined);
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    assert.equal(scheduler.getSession("b")?.state, "waiting");
+    kvUsage = 0.1;
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), start, "one quiet interval after a busy one: W holds");
+    await clock.advanceAsync(10_000);
+    assert.ok(windowTokens() > start, "quiet over the whole horizon: W grows");
+    await run(clock, drain(first));
+    await run(clock, drain(await run(clock, second)));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assertIdle(scheduler);
+  });
+
+  it("reads thrash from the engine's counters where it reports no cached tokens per call", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bendCached = () => 0;
     let lookups = { hits: 0, queries: 0 };
     engines[0]!.bend = (signals) => ({
       ...signals,
@@ -357,7 +510,7 @@ describe("scheduler request path", () => {
   });
 
   it("does not take a low hit rate the router predicted for thrash", async () => {
-    const { clock, scheduler, engines } = fleet(1);
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
     let lookups = { hits: 0, queries: 0 };
     engines[0]!.bend = (signals) => ({

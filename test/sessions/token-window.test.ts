@@ -28,6 +28,17 @@ describe("TokenWindow", () => {
     assert.equal(w.lastAction, "hold");
   });
 
+  it("holds while the recent peak of KV usage is not low, though the last interval's is", () => {
+    const w = new TokenWindow({ capacityTokens: CAPACITY });
+    assert.equal(w.observe({ kvUsage: 0.1, kvUsagePeak: 0.6, hitRate: 0.9, waiting: true }), 144_000);
+    assert.equal(w.lastAction, "hold");
+    assert.equal(w.observe({ kvUsage: 0.1, kvUsagePeak: 0.15, hitRate: 0.9, waiting: true }), 288_000);
+    assert.throws(
+      () => w.observe({ kvUsage: 0.1, kvUsagePeak: Number.NaN, waiting: true }),
+      /kvUsagePeak should be a non-negative ratio or undefined, got NaN/,
+    );
+  });
+
   it("cuts by β on thrash, ends slow start, then grows additively", () => {
     const w = new TokenWindow({ capacityTokens: CAPACITY });
     assert.equal(w.observe({ kvUsage: 0.7, hitRate: 0.1, waiting: true }), 72_000);

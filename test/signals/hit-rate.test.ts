@@ -2,7 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { deliveredHitShare, HitRateMeter, PredictedHitRate } from "../../src/signals/hit-rate.js";
+import { deliveredHitShare, HitRateMeter } from "../../src/signals/hit-rate.js";
 
 describe("HitRateMeter", () => {
   it("returns Δhits / Δqueries over the last interval, not the lifetime ratio", () => {
@@ -81,21 +81,6 @@ describe("HitRateMeter", () => {
     const m = new HitRateMeter();
     assert.throws(() => m.observe({ hits: -1, queries: 1 }), /hits.*-1/);
     assert.throws(() => m.observe({ hits: 1, queries: Number.NaN }), /queries.*NaN/);
-  });
-});
-
-describe("PredictedHitRate", () => {
-  it("is the token-weighted predicted rate of each interval, held over intervals without placements", () => {
-    const p = new PredictedHitRate();
-    assert.equal(p.close(), undefined, "nothing placed yet");
-    p.record(900, 1000);
-    p.record(0, 3000);
-    assert.equal(p.close(), 0.225);
-    assert.equal(p.close(), 0.225, "an interval without placements holds the last rate");
-    p.record(50, 1000);
-    assert.equal(p.close(), 0.05);
-    assert.equal(p.value, 0.05);
-    assert.throws(() => p.record(11, 10), /within \[0, prompt tokens\], got 11 of 10/);
   });
 });
 
