@@ -95,6 +95,12 @@ export const schedulerConfigSchema = z.strictObject({
       maxTokens: positiveInt.optional(),
       /** Token law: α, tokens added per interval after the first cut; undefined: KV capacity / 16. */
       increaseTokens: positiveInt.optional(),
+      /**
+       * Token law: no thrash cut while W is within the KV capacity less the guard band (its
+       * sessions' contexts all fit the cache, so what they lose was pushed out by calls the window
+       * does not govern). Off by default: SPEC 6 cuts W on thrash wherever it stands.
+       */
+      holdWithinCapacity: z.boolean().default(false),
     })
     .prefault({}),
   sessions: z

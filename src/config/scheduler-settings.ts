@@ -174,6 +174,12 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     help: "signals older than 5 s: closed refuses new sessions, open admits anyway",
   }),
   configSetting({
+    flag: "window-hold-within-capacity",
+    field: "window.holdWithinCapacity",
+    topic: TOPICS.tokenWindow,
+    help: "no thrash cut while W is within the KV capacity less the guard band (off: SPEC 6's law; docs/tiers.md)",
+  }),
+  configSetting({
     flag: "window-initial-tokens",
     field: "window.initialTokens",
     topic: TOPICS.tokenWindow,

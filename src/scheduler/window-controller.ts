@@ -88,12 +88,15 @@ export function controlWindow(
   // delivered, so a workload with little reuse is not taken for thrash (docs/how-it-works.md),
   // call by call over a few intervals (`ThrashEvidence`).
   const { predicted, delivered, kvUsagePeak } = replica.thrashEvidence.read(o.hitLow);
-  // A window within the KV capacity less the guard band holds contexts that all fit in the cache
-  // at once: what its sessions lose there was pushed out by calls it does not govern (one-off
-  // calls, bounded by the gate and the budget), and halving it would only make sessions wait. On
-  // the Mooncake conversation trace without a host tier, half of whose calls are one-off, such
-  // cuts were most of the window's SLO misses (docs/tiers.md).
-  const fits = window.size <= window.options.capacityTokens * (1 - window.options.guardBandFraction);
+  // With `holdWithinCapacity`: a window within the KV capacity less the guard band holds contexts
+  // that all fit in the cache at once, so what its sessions lose there was pushed out by calls it
+  // does not govern (one-off calls, bounded by the gate and the budget), and halving it would only
+  // make sessions wait. On the Mooncake conversation trace without a host tier, half of whose calls
+  // are one-off, such cuts were most of the window's SLO misses (docs/tiers.md). Off by default:
+  // SPEC 6 cuts W on thrash wherever it stands.
+  const fits =
+    o.holdWithinCapacity &&
+    window.size <= window.options.capacityTokens * (1 - window.options.guardBandFraction);
   const signal = {
     kvUsage,
     kvUsagePeak,

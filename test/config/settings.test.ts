@@ -116,7 +116,9 @@ describe("one schema", () => {
       assert.equal(setting.schema, fieldSchema(schedulerConfigSchema, field), setting.flag);
       assert.equal(setting.env, `SLUICE_${setting.flag.toUpperCase().replace(/-/g, "_")}`);
       const fallback = schemaDefault(setting.schema);
-      if (fallback !== undefined) assert.equal(defaultShown(setting), String(fallback));
+      // A switch that is off unless given shows no default.
+      if (fallback === false) assert.equal(defaultShown(setting), setting.defaultText);
+      else if (fallback !== undefined) assert.equal(defaultShown(setting), String(fallback));
       else assert.ok(setting.defaultText, `${setting.flag} says what happens when unset`);
     }
   });

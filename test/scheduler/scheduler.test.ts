@@ -394,25 +394,35 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
-  it("does not cut a window within the KV capacity less the guard band, whatever its sessions lose", async () => {
-    const { clock, scheduler, engines } = fleet(1);
-    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
-    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
-    await clock.advanceAsync(2_000);
-    const start = windowTokens();
-    assert.ok(start <= 439_000 * 0.9, `the first W is the capacity less the guard band, got ${start}`);
-    for (const cached of [Number.POSITIVE_INFINITY, 16]) {
-      engines[0]!.bendCached = (found) => Math.min(found, cached);
-      const admitted = await run(
-        clock,
-        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
-      );
-      await run(clock, drain(admitted));
-    }
-    await clock.advanceAsync(2_000);
-    assert.equal(windowTokens(), start, "its contexts all fit: what they lost, calls outside it pushed out");
-    assertIdle(scheduler);
-  });
+  for (const holdWithinCapacity of [false, true]) {
+    it(`${holdWithinCapacity ? "with --window-hold-within-capacity, does not cut" : "cuts (SPEC 6)"} a window within the KV capacity less the guard band on thrash`, async () => {
+      const { clock, scheduler, engines } = fleet(1, { window: { holdWithinCapacity } });
+      const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+      engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+      await clock.advanceAsync(2_000);
+      const start = windowTokens();
+      assert.ok(start <= 439_000 * 0.9, `the first W is the capacity less the guard band, got ${start}`);
+      for (const cached of [Number.POSITIVE_INFINITY, 16]) {
+        engines[0]!.bendCached = (found) => Math.min(found, cached);
+        const admitted = await run(
+          clock,
+          scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) } })),
+        );
+        await run(clock, drain(admitted));
+      }
+      await clock.advanceAsync(2_000);
+      if (holdWithinCapacity) {
+        assert.equal(
+          windowTokens(),
+          start,
+          "its contexts all fit: what they lost, calls outside it pushed out",
+        );
+      } else {
+        assert.equal(windowTokens(), Math.floor(start / 2), "U > U_high and H < H_low cut W by β");
+      }
+      assertIdle(scheduler);
+    });
+  }
 
   it("does not read a lookup counted in another interval than its prediction as thrash", async () => {
     const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
