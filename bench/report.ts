@@ -146,6 +146,65 @@ function goodputVsLoad(report: BenchReport): string {
   });
 }
 
+/** Each policy's SLO capacity as text lines (trace replays), or "" when none was searched. */
+export function renderSloCapacity(report: BenchReport): string {
+  const capacity = report.output.slo_capacity;
+  if (!capacity) return "";
+  const lines = capacity.policies.map(
+    (p) =>
+      `${p.policy}: SLO capacity ${fmtNumber(p.capacity)}` +
+      (p.ratio_to_rr !== undefined ? ` (${fmtNumber(p.ratio_to_rr)} × rr)` : "") +
+      ` — ${p.tried.map((t) => `${fmtNumber(t.load)}: ${(t.ttft_slo_met * 100).toFixed(1)} %`).join(", ")}`,
+  );
+  return [
+    `SLO capacity: the largest load at which ≥ ${capacity.share * 100} % of calls meet their TTFT SLO`,
+    ...lines,
+  ].join("\n");
+}
+
+/** SLO attainment (share of calls within their TTFT SLO) against load per policy, each capacity marked. */
+function sloCapacityChart(report: BenchReport): string {
+  const capacity = report.output.slo_capacity;
+  if (!capacity) return "";
+  const loads = capacity.policies.flatMap((p) => p.tried.map((t) => t.load));
+  const lowest = Math.min(...loads);
+  const highest = Math.max(...loads);
+  const series: Parameters<typeof lineChart>[0]["series"] = [];
+  capacity.policies.forEach((p, i) => {
+    series.push({ name: p.policy, points: p.tried.map((t) => [t.load, t.ttft_slo_met]) });
+    // The capacity: a dashed drop from the policy's line at that load, in its colour.
+    const met = p.tried.find((t) => t.load === p.capacity)?.ttft_slo_met;
+    if (met !== undefined) {
+      series.push({
+        name: `${p.policy} capacity ${fmtNumber(p.capacity)}`,
+        points: [
+          [p.capacity, 0],
+          [p.capacity, met],
+        ],
+        dashed: true,
+        colour: colourOf(p.policy, i),
+      });
+    }
+  });
+  series.push({
+    name: `${capacity.share * 100} % of calls`,
+    points: [
+      [lowest, capacity.share],
+      [highest, capacity.share],
+    ],
+    dashed: true,
+    colour: "#888",
+  });
+  return lineChart({
+    title: "SLO attainment against offered load, each policy's SLO capacity marked",
+    xLabel: "offered load (× the trace's rate)",
+    yLabel: "share of calls within their TTFT SLO",
+    yMax: 1,
+    markers: true,
+    series,
+  });
+}
+
 /** Token-weighted hit rate over a sliding window of `span` samples. */
 export function hitRateSeries(samples: readonly Sample[], span = 10): [number, number][] {
   const out: [number, number][] = [];
@@ -355,6 +414,7 @@ Session times (sess, wait) run per session: from its first arrival to its last c
 time its calls waited for admission (refusals and retry delays included). A chart whose values are all
 zero is left out. <code>bound</code>: a lower bound on makespan:</p>
 <ul>${bounds}</ul>
+${report.output.slo_capacity ? `<h2>SLO capacity</h2><pre>${escapeXml(renderSloCapacity(report))}</pre>${sloCapacityChart(report)}` : ""}
 ${mainChartSvg(report)}${goodputChart(report)}${refusedChart(report)}${goodputVsLoad(report)}
 <h2>Per group</h2>
 ${groupTable(report)}

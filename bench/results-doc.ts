@@ -10,6 +10,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { type PdResult, pdTable, pdTargets } from "./pd.js";
 import type { BenchDoc, RowLike, TargetCheck } from "./regret.js";
 import { regretCells, regretRows, targetsOf } from "./regret.js";
+import type { SloCapacityOutput } from "./run.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
@@ -172,6 +173,20 @@ export function renderResultsDoc(input: ResultsInput): string {
         (i) => i > 0,
       ),
     );
+    const capacity = (doc as { slo_capacity?: SloCapacityOutput }).slo_capacity;
+    if (capacity) {
+      out.push("");
+      out.push(
+        `SLO capacity (the largest load at which ≥ ${capacity.share * 100} % of calls meet their TTFT SLO; the loads tried):`,
+      );
+      out.push("");
+      for (const p of capacity.policies) {
+        out.push(
+          `- ${p.policy}: **${p.capacity}**${p.ratio_to_rr !== undefined ? ` (${p.ratio_to_rr} × rr)` : ""} — ` +
+            p.tried.map((t) => `${t.load}: ${(t.ttft_slo_met * 100).toFixed(1)} %`).join(", "),
+        );
+      }
+    }
   }
   if (s?.mooncake_knee) {
     out.push("");

@@ -7,6 +7,7 @@ import { EngineError, Refusal } from "../src/errors.js";
 import type { AdminState, AdmittedCall, CallRequest } from "../src/types.js";
 import type { LowerBound, StepModel } from "./cost-model.js";
 import { lowerBound } from "./cost-model.js";
+import { type CapacitySearch, largestLoadMet, SLO_CAPACITY_SHARE } from "./slo-capacity.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
@@ -681,6 +682,21 @@ export interface BenchOutput {
   preset: string;
   results: ResultRow[];
   details: RunDetails[];
+  /** Trace replays: each policy's SLO capacity (SPEC 13), with the loads its search tried. */
+  slo_capacity?: SloCapacityOutput;
+}
+
+/** Each policy's SLO capacity: the largest load at which `share` of calls met their TTFT SLO. */
+export interface SloCapacityOutput {
+  share: number;
+  policies: {
+    policy: BenchPolicy;
+    capacity: number;
+    /** Capacity ÷ rr's, when rr ran and served some load. */
+    ratio_to_rr?: number;
+    /** Every load the search ran, in load order, with the share of calls within their TTFT SLO. */
+    tried: { load: number; ttft_slo_met: number }[];
+  }[];
 }
 
 /** What a row does not say: wall time, leaks, per-lane numbers, the parts of the bound. */
@@ -719,6 +735,8 @@ export interface BenchOptions {
   onProgress?: (line: string) => void;
   /** Aborts the benchmark between or inside policy runs. */
   signal?: AbortSignal;
+  /** Also searches each policy's SLO capacity (trace replays, SPEC 13); runs at `loads` are reused. */
+  sloCapacity?: CapacitySearch;
 }
 
 /** Runs every policy at every load on the same workload and seed, plus the lower bound. */
@@ -730,33 +748,36 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
   const runs: BenchReport["runs"] = [];
   const bounds: BenchReport["bounds"] = [];
   const problems: string[] = [];
+  const runOne = async (workload: Workload, policy: BenchPolicy, load: number): Promise<PolicyRun> => {
+    const run = await runPolicy({
+      workload,
+      policy,
+      replicas,
+      fleet,
+      ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
+      ...(options.signal ? { signal: options.signal } : {}),
+      onProgress: progress,
+    });
+    const r = run.row;
+    progress(
+      `[${options.name}] ${policy} load ${load}: makespan ${r.makespan_s} s, goodput ${r.goodput_rps}/s, ` +
+        `hit rate ${r.prefix_hit_rate}, ${r.completed}/${workload.calls.length} completed, wall ${run.wallS} s`,
+    );
+    const idleDirty = run.idle === null || Object.values(run.idle).some((v) => v !== 0);
+    if (idleDirty)
+      problems.push(`${policy} load ${load}: scheduler not idle after the run: ${JSON.stringify(run.idle)}`);
+    if (run.unfinished > 0) problems.push(`${policy} load ${load}: ${run.unfinished} calls unfinished`);
+    for (const error of run.errors.slice(0, 5)) problems.push(`${policy} load ${load}: ${error}`);
+    if (run.errors.length > 5)
+      problems.push(`${policy} load ${load}: … ${run.errors.length - 5} more errors`);
+    return run;
+  };
   for (const load of options.loads) {
     const workload = options.compile(load);
     progress(`[${options.name}] load ${load}: ${workload.describe}`);
     for (const policy of options.policies) {
-      const run = await runPolicy({
-        workload,
-        policy,
-        replicas,
-        fleet,
-        ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
-        ...(options.signal ? { signal: options.signal } : {}),
-        onProgress: progress,
-      });
+      const run = await runOne(workload, policy, load);
       const r = run.row;
-      progress(
-        `[${options.name}] ${policy} load ${load}: makespan ${r.makespan_s} s, goodput ${r.goodput_rps}/s, ` +
-          `hit rate ${r.prefix_hit_rate}, ${r.completed}/${workload.calls.length} completed, wall ${run.wallS} s`,
-      );
-      const idleDirty = run.idle === null || Object.values(run.idle).some((v) => v !== 0);
-      if (idleDirty)
-        problems.push(
-          `${policy} load ${load}: scheduler not idle after the run: ${JSON.stringify(run.idle)}`,
-        );
-      if (run.unfinished > 0) problems.push(`${policy} load ${load}: ${run.unfinished} calls unfinished`);
-      for (const error of run.errors.slice(0, 5)) problems.push(`${policy} load ${load}: ${error}`);
-      if (run.errors.length > 5)
-        problems.push(`${policy} load ${load}: … ${run.errors.length - 5} more errors`);
       results.push(r);
       details.push({
         policy,
@@ -781,9 +802,48 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
     });
     bounds.push({ load, bound });
   }
+  let sloCapacity: SloCapacityOutput | undefined;
+  if (options.sloCapacity) {
+    const compiled = new Map<number, Workload>();
+    const workloadAt = (load: number) => {
+      let workload = compiled.get(load);
+      if (!workload) {
+        workload = options.compile(load);
+        compiled.set(load, workload);
+      }
+      return workload;
+    };
+    const policies: SloCapacityOutput["policies"] = [];
+    for (const policy of options.policies) {
+      const tried: { load: number; ttft_slo_met: number }[] = [];
+      const capacity = await largestLoadMet(async (load) => {
+        const run =
+          runs.find((r) => r.policy === policy && r.load === load)?.run ??
+          (await runOne(workloadAt(load), policy, load));
+        const met = round(1 - run.ttftMiss, 4);
+        tried.push({ load, ttft_slo_met: met });
+        progress(
+          `[${options.name}] SLO capacity, ${policy} load ${load}: ${(met * 100).toFixed(1)} % within TTFT SLO`,
+        );
+        return met >= SLO_CAPACITY_SHARE;
+      }, options.sloCapacity);
+      tried.sort((a, b) => a.load - b.load);
+      policies.push({ policy, capacity, tried });
+    }
+    const rr = policies.find((p) => p.policy === "rr")?.capacity;
+    if (rr !== undefined && rr > 0) for (const p of policies) p.ratio_to_rr = round(p.capacity / rr, 3);
+    sloCapacity = { share: SLO_CAPACITY_SHARE, policies };
+  }
   for (const problem of problems) progress(`!!! ${problem}`);
   return {
-    output: { workload: options.name, replicas, preset: fleet.preset, results, details },
+    output: {
+      workload: options.name,
+      replicas,
+      preset: fleet.preset,
+      results,
+      details,
+      ...(sloCapacity ? { slo_capacity: sloCapacity } : {}),
+    },
     runs,
     bounds,
     problems,

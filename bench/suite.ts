@@ -9,6 +9,12 @@ import { simFleet } from "./fleet.js";
 import { mainChartSvg, renderHtml } from "./report.js";
 import type { BenchPolicy, BenchReport } from "./run.js";
 import { BENCH_POLICIES, runBench } from "./run.js";
+import {
+  type CapacitySearch,
+  DEFAULT_CAPACITY_BISECTIONS,
+  DEFAULT_CAPACITY_GRID,
+  SLO_CAPACITY_SHARE,
+} from "./slo-capacity.js";
 import { compileWorkload, NAMED_WORKLOADS, resolveWorkload, withSeed } from "./workloads/index.js";
 import { WorkloadError } from "./workloads/schema.js";
 
@@ -28,6 +34,11 @@ export interface WorkloadBenchOptions {
   onProgress?: (line: string) => void;
   /** Aborts the benchmark (rejects with the signal's reason). */
   signal?: AbortSignal;
+  /**
+   * Each policy's SLO capacity (SPEC 13): a search, or false for none. Default: searched with the
+   * default grid for trace replays, none for other workloads.
+   */
+  sloCapacity?: CapacitySearch | false;
 }
 
 /** A finished benchmark and the lines that describe what ran. */
@@ -60,6 +71,12 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
   const loads = options.loads ?? resolved.named?.loads ?? [1];
   for (const load of loads) if (!(load > 0)) throw new WorkloadError(`loads must be > 0, got ${load}`);
   const policies = options.policies ?? BENCH_POLICIES;
+  // SPEC 13: a trace replay's headline is each policy's SLO capacity.
+  const sloCapacity =
+    options.sloCapacity ??
+    (spec.kind === "mooncake"
+      ? { grid: DEFAULT_CAPACITY_GRID, bisections: DEFAULT_CAPACITY_BISECTIONS }
+      : false);
   const describe = [
     `workload ${resolved.name}: ${resolved.named?.summary ?? "from file"}`,
     `fleet: ${replicas} × ${presetLabel(preset)}; policies ${policies.join(", ")}; loads ${loads.join(", ")}`,
@@ -79,7 +96,14 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
     ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
     ...(options.onProgress ? { onProgress: options.onProgress } : {}),
     ...(options.signal ? { signal: options.signal } : {}),
+    ...(sloCapacity ? { sloCapacity } : {}),
   });
+  if (sloCapacity) {
+    describe.push(
+      `SLO capacity: the largest load at which ≥ ${SLO_CAPACITY_SHARE * 100} % of calls meet their TTFT SLO; ` +
+        `grid ${sloCapacity.grid.join(", ")}, then ${sloCapacity.bisections} bisection(s)`,
+    );
+  }
   const seen = new Set<string>();
   for (const detail of report.output.details) {
     const line = `load ${detail.load}: ${detail.describe}`;

@@ -25,6 +25,12 @@ import { simFleet } from "./fleet.js";
 import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
 import { runPolicy } from "./run.js";
 import { mooncakeOnSim } from "./sim.js";
+import {
+  DEFAULT_CAPACITY_BISECTIONS,
+  DEFAULT_CAPACITY_GRID,
+  largestLoadMet,
+  SLO_CAPACITY_SHARE,
+} from "./slo-capacity.js";
 import { compileWorkload, NAMED_WORKLOADS } from "./workloads/index.js";
 import { loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 
@@ -306,8 +312,8 @@ export async function sloCapacity(
   policy: BenchPolicy,
   hostKvTokens: number,
   onProgress: (line: string) => void,
-  grid: readonly number[] = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4],
-  bisections = 3,
+  grid: readonly number[] = DEFAULT_CAPACITY_GRID,
+  bisections = DEFAULT_CAPACITY_BISECTIONS,
 ): Promise<{ capacity: number; tried: CapacityTry[] }> {
   const tried: CapacityTry[] = [];
   const meets = async (load: number): Promise<boolean> => {
@@ -323,24 +329,10 @@ export async function sloCapacity(
       `[capacity] ${policy} ${hostKvTokens > 0 ? "2 tiers" : "1 tier"} load ${load}: ` +
         `${(run.ttftMiss * 100).toFixed(1)} % miss the TTFT SLO (${run.wallS} s wall)`,
     );
-    return run.ttftMiss <= 0.1;
+    return 1 - run.ttftMiss >= SLO_CAPACITY_SHARE;
   };
-  let good = 0;
-  let bad: number | undefined;
-  for (const load of grid) {
-    if (await meets(load)) good = load;
-    else {
-      bad = load;
-      break;
-    }
-  }
-  if (bad === undefined) return { capacity: good, tried };
-  for (let i = 0; i < bisections; i++) {
-    const mid = round((good + bad) / 2, 3);
-    if (await meets(mid)) good = mid;
-    else bad = mid;
-  }
-  return { capacity: good, tried };
+  const capacity = await largestLoadMet(meets, { grid, bisections });
+  return { capacity, tried };
 }
 
 /** Tokens per block of the Mooncake trace's hash ids. */

@@ -1,9 +1,10 @@
 /** @module `sluice bench`: side-by-side policy comparison on simulated replicas in virtual time (SPEC 10, 13). */
 
 import { z } from "zod";
-import { renderTable } from "../../bench/report.js";
+import { renderSloCapacity, renderTable } from "../../bench/report.js";
 import type { BenchPolicy } from "../../bench/run.js";
 import { BENCH_POLICIES } from "../../bench/run.js";
+import { DEFAULT_CAPACITY_BISECTIONS, DEFAULT_CAPACITY_GRID } from "../../bench/slo-capacity.js";
 import { runWorkloadBench, writeOutputs } from "../../bench/suite.js";
 import { NAMED_WORKLOADS } from "../../bench/workloads/index.js";
 import { WorkloadError } from "../../bench/workloads/schema.js";
@@ -79,6 +80,25 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     help: "offered-load multipliers, e.g. 1,1.5,2: they multiply Poisson arrival rates, the sessions of a batch workload and the replay speed of a trace",
   }),
   defineSetting({
+    flag: "slo-capacity",
+    path: "sloCapacity",
+    topic: RUN,
+    schema: z.enum(["auto", "on", "off"]).default("auto"),
+    env: null,
+    help: "search each policy's SLO capacity, the largest load at which 90 % of calls meet their TTFT SLO (auto: for trace replays)",
+  }),
+  defineSetting({
+    flag: "capacity-grid",
+    path: "capacityGrid",
+    topic: RUN,
+    schema: z.array(z.number().positive()),
+    env: null,
+    placeholder: "<list>",
+    expects: "numbers > 0",
+    defaultText: DEFAULT_CAPACITY_GRID.join(","),
+    help: `loads the SLO capacity search tries in order until one misses, then bisects ${DEFAULT_CAPACITY_BISECTIONS} times below it`,
+  }),
+  defineSetting({
     flag: "seed",
     path: "seed",
     topic: RUN,
@@ -142,6 +162,8 @@ interface BenchFlags {
   hostKvTokens?: number;
   policies?: BenchPolicy[];
   loads?: number[];
+  sloCapacity?: "auto" | "on" | "off";
+  capacityGrid?: number[];
   seed?: number;
   json?: string;
   html?: string;
@@ -157,6 +179,19 @@ export function run(argv: string[], io: CommandIo = {}): Promise<number> {
 async function bench(argv: string[], flags: BenchFlags): Promise<number> {
   if (flags.policies?.length === 0) throw new ConfigError("--policies needs at least one policy");
   if (flags.loads?.length === 0) throw new ConfigError("--load needs at least one multiplier");
+  if (flags.capacityGrid?.length === 0) throw new ConfigError("--capacity-grid needs at least one load");
+  const search = {
+    grid: flags.capacityGrid ?? DEFAULT_CAPACITY_GRID,
+    bisections: DEFAULT_CAPACITY_BISECTIONS,
+  };
+  const sloCapacity =
+    flags.sloCapacity === "on"
+      ? search
+      : flags.sloCapacity === "off"
+        ? false
+        : flags.capacityGrid !== undefined
+          ? search
+          : undefined;
   const options: Parameters<typeof runWorkloadBench>[0] = {
     workload: flags.workload ?? "agents",
     ...(flags.replicas !== undefined ? { replicas: flags.replicas } : {}),
@@ -173,6 +208,7 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
     ...(flags.policies !== undefined ? { policies: flags.policies } : {}),
     ...(flags.loads !== undefined ? { loads: flags.loads } : {}),
     ...(flags.seed !== undefined ? { seed: flags.seed } : {}),
+    ...(sloCapacity !== undefined ? { sloCapacity } : {}),
     ...(flags.quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
   };
   // Ctrl-C stops the run cleanly (engines closed) instead of killing it mid-write.
@@ -196,6 +232,8 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
     process.off("SIGINT", onSigint);
   }
   process.stdout.write(`${result.describe.join("\n")}\n\n${renderTable(result.report.output.results)}\n`);
+  const capacity = renderSloCapacity(result.report);
+  if (capacity) process.stdout.write(`\n${capacity}\n`);
   const { json, html, svg } = flags;
   writeOutputs(result, {
     ...(json ? { json } : {}),
