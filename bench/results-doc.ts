@@ -41,6 +41,8 @@ export interface HttpSessionsDoc {
 /** What the document is made from. */
 export interface ResultsInput {
   docs: BenchDoc[];
+  /** `bench/tiers.ts`'s replays, one document per workload and KV tiers: regret rows only. */
+  tierDocs?: BenchDoc[];
   /** bench/results/summary.json: the mooncake knee, the seed spread, the run's wall time. */
   summary?: {
     wall_s?: number;
@@ -117,7 +119,7 @@ function checksTable(checks: readonly TargetCheck[]): string {
 /** The whole of docs/results.md. */
 export function renderResultsDoc(input: ResultsInput): string {
   const docs = sortDocs(input.docs);
-  const regret = docs.flatMap((doc) => regretRows(doc));
+  const regret = [...docs, ...(input.tierDocs ?? [])].flatMap((doc) => regretRows(doc));
   const checks = docs.flatMap((doc) => targetsOf(doc));
   if (input.http) {
     checks.push({
@@ -267,7 +269,60 @@ export function readResults(dir: string): ResultsInput {
   const summary = readJson<ResultsInput["summary"]>(join(dir, "summary.json"));
   const http = readJson<HttpSessionsDoc>(join(dir, "http-sessions.json"));
   const pd = readJson<ResultsInput["pd"]>(join(dir, "pd.json"));
-  return { docs, ...(summary ? { summary } : {}), ...(http ? { http } : {}), ...(pd ? { pd } : {}) };
+  const tiers = readJson<{ replicas?: number; preset?: string; results?: TierRowLike[] }>(
+    join(dir, "tiers.json"),
+  );
+  const tierDocs = tiers?.results
+    ? tierRegretDocs(tiers.results, tiers.replicas ?? 0, tiers.preset ?? "")
+    : [];
+  return {
+    docs,
+    ...(tierDocs.length > 0 ? { tierDocs } : {}),
+    ...(summary ? { summary } : {}),
+    ...(http ? { http } : {}),
+    ...(pd ? { pd } : {}),
+  };
+}
+
+/** The fields of a `bench/tiers.ts` replay row that the regret table compares. */
+interface TierRowLike {
+  workload: string;
+  tiers: 1 | 2;
+  policy: string;
+  load: number;
+  makespan_s: number;
+  slo_attainment: number;
+  ttft_p99_s: number;
+  hit_rate: number;
+  completed: number;
+}
+
+/**
+ * `bench/tiers.ts`'s replays as one document per workload and KV tiers ("agents-256, host tier"),
+ * so the regret table has entries with and without the host tier. Its rows carry no goodput or
+ * session times: those cells stay empty.
+ */
+function tierRegretDocs(rows: readonly TierRowLike[], replicas: number, preset: string): BenchDoc[] {
+  const byName = new Map<string, BenchDoc>();
+  for (const row of rows) {
+    const workload = `${row.workload}, ${row.tiers === 2 ? "host tier" : "one tier"}`;
+    let doc = byName.get(workload);
+    if (!doc) {
+      doc = { workload, replicas, preset, results: [] };
+      byName.set(workload, doc);
+    }
+    doc.results.push({
+      policy: row.policy,
+      load: row.load,
+      makespan_s: row.makespan_s,
+      goodput_rps: Number.NaN,
+      slo_attainment: row.slo_attainment,
+      prefix_hit_rate: row.hit_rate,
+      ttft_p99_s: row.ttft_p99_s,
+      completed: row.completed,
+    });
+  }
+  return [...byName.values()];
 }
 
 /** Regenerates the document from a results folder; returns its path. */
