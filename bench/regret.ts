@@ -32,6 +32,8 @@ export interface BenchDoc {
   replicas: number;
   preset: string;
   results: RowLike[];
+  /** Trace replays: each policy's SLO capacity. */
+  slo_capacity?: { policies: { policy: string; capacity: number }[] };
   details?: {
     policy: string;
     load: number;
@@ -311,7 +313,36 @@ export function mooncakeChecks(doc: BenchDoc): TargetCheck[] {
       "≥ 1.5",
       sluice.goodput_rps >= 1.5 * rr.goodput_rps,
     ),
+    ...capacityChecks(doc),
   ];
+}
+
+/**
+ * The tiered-cache issue's SLO capacity targets without a host tier (the named `mooncake` run has
+ * none; `bench/tiers.ts` measures both): sluice ≥ 1.2 × rr's and ≥ gate-prefix's.
+ */
+function capacityChecks(doc: BenchDoc): TargetCheck[] {
+  const of = (policy: string) => doc.slo_capacity?.policies.find((p) => p.policy === policy)?.capacity;
+  const sluice = of("sluice");
+  const checks: TargetCheck[] = [];
+  for (const [baseline, goal] of [
+    ["rr", 1.2],
+    ["gate-prefix", 1],
+  ] as const) {
+    const base = of(baseline);
+    if (sluice === undefined || base === undefined || base <= 0) continue;
+    const measured = ratio(sluice, base);
+    checks.push(
+      check(
+        doc.workload,
+        `SLO capacity (≥ 90 % of calls within the TTFT SLO), one tier: sluice ÷ ${baseline}`,
+        measured,
+        `≥ ${goal}`,
+        sluice >= goal * base,
+      ),
+    );
+  }
+  return checks;
 }
 
 /** Every policy run finished in a minute of wall time, and no session was left waiting (all calls settled). */

@@ -35,33 +35,6 @@ function ratio(a: number, b: number): number {
   return b > 0 ? Math.round((a / b) * 1000) / 1000 : Number.POSITIVE_INFINITY;
 }
 
-/**
- * The tiered-cache issue's SLO capacity targets without a host tier (the named `mooncake` run has
- * none; `bench/tiers.ts` measures both): sluice ≥ 1.2 × rr's and ≥ gate-prefix's.
- */
-function capacityTargets(result: WorkloadBenchResult): TargetCheck[] {
-  const capacity = result.report.output.slo_capacity;
-  const of = (policy: string) => capacity?.policies.find((p) => p.policy === policy)?.capacity;
-  const sluice = of("sluice");
-  const checks: TargetCheck[] = [];
-  for (const [baseline, goal] of [
-    ["rr", 1.2],
-    ["gate-prefix", 1],
-  ] as const) {
-    const base = of(baseline);
-    if (sluice === undefined || base === undefined) continue;
-    const measured = ratio(sluice, base);
-    checks.push({
-      run: "mooncake",
-      target: `SLO capacity (≥ 90 % of calls within the TTFT SLO), one tier: sluice ÷ ${baseline}`,
-      measured,
-      goal: `≥ ${goal}`,
-      met: measured >= goal,
-    });
-  }
-  return checks;
-}
-
 /** The named workloads `npm run bench` runs at their own loads, in order (mooncake follows, at rr's knee). */
 export const NAMED_RUNS = [
   "agents",
@@ -217,7 +190,6 @@ export async function runAll(argv: string[]): Promise<number> {
     summary.mooncake_knee = knee;
     const result = await runWorkloadBench({ workload: "mooncake", loads: [knee.load], onProgress: log });
     finish("mooncake", result);
-    checks.push(...capacityTargets(result));
   }
   if (names.has("pd")) {
     try {
