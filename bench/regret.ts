@@ -4,6 +4,8 @@
  * `run-all.ts` prints them; `results-doc.ts` writes them into docs/results.md from the recorded files.
  */
 
+import type { SloCapacityOutput } from "./run.js";
+
 /** The policies sluice is compared with; `bound` is not one (no policy can reach it). */
 export const BASELINES = ["rr", "gate", "gate-prefix", "concur"] as const;
 
@@ -33,7 +35,7 @@ export interface BenchDoc {
   preset: string;
   results: RowLike[];
   /** Trace replays: each policy's SLO capacity. */
-  slo_capacity?: { policies: { policy: string; capacity: number }[] };
+  slo_capacity?: SloCapacityOutput;
   details?: {
     policy: string;
     load: number;

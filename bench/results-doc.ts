@@ -10,7 +10,6 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { type PdResult, pdTable, pdTargets } from "./pd.js";
 import type { BenchDoc, RowLike, TargetCheck } from "./regret.js";
 import { regretCells, regretRows, targetsOf } from "./regret.js";
-import type { SloCapacityOutput } from "./run.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
@@ -175,7 +174,7 @@ export function renderResultsDoc(input: ResultsInput): string {
         (i) => i > 0,
       ),
     );
-    const capacity = (doc as { slo_capacity?: SloCapacityOutput }).slo_capacity;
+    const capacity = doc.slo_capacity;
     if (capacity) {
       out.push("");
       out.push(
