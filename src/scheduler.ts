@@ -496,7 +496,7 @@ export class Scheduler {
       expectedIdleMs: req.expectedIdleMs,
     };
     if (!session || this.features.window === null) {
-      const placed = this.route(tokens, hashes, eligible);
+      const placed = this.route(tokens, hashes, eligible, this.reservedOutputTokens(call));
       if (!placed)
         throw new Refusal("unavailable", "no replica can take the call", {
           retryAfterSeconds: 1,
@@ -524,10 +524,11 @@ export class Scheduler {
       );
     }
     const hint = this.pinHints.get(session.id);
+    const outputTokens = this.reservedOutputTokens(call);
     const choose = (candidates: readonly string[]) =>
       hint !== undefined && candidates.includes(hint)
         ? hint
-        : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible))?.replica;
+        : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible), outputTokens)?.replica;
     let pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
     holds.step = true;
     const alive = (id: string) => eligible.some((candidate) => candidate.id === id);
@@ -550,7 +551,7 @@ export class Scheduler {
     const movable = eligible.filter(
       (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
     );
-    let decision: PlacementDecision = this.place(tokens, hashes, pinned, movable) ?? {
+    let decision: PlacementDecision = this.place(tokens, hashes, pinned, movable, outputTokens) ?? {
       replica: pinned,
       reason: "pinned",
       predictedHitTokens: 0,
@@ -780,6 +781,7 @@ export class Scheduler {
     tokens: readonly number[],
     hashes: string[],
     eligible: ReplicaRuntime[],
+    outputTokens: number,
   ): PlacementDecision | undefined {
     const now = this.clock.now();
     const notBusy = eligible.filter((replica) => !replica.busy(now));
@@ -793,7 +795,16 @@ export class Scheduler {
       for (const replica of pool) if (load(replica) < load(best)) best = replica;
       return { replica: best.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
     }
-    return this.place(tokens, hashes, undefined, pool);
+    return this.place(tokens, hashes, undefined, pool, outputTokens);
+  }
+
+  /**
+   * Output tokens a call reserves in the budget of the replica it is placed on: its `max_tokens`, or
+   * the one token a prefill replica generates before handing the call over (its decode replica
+   * reserves the rest).
+   */
+  private reservedOutputTokens(call: CallPlan): number {
+    return this.disaggregated ? 1 : call.maxTokens;
   }
 
   private place(
@@ -801,6 +812,7 @@ export class Scheduler {
     hashes: readonly string[],
     pinned: string | undefined,
     candidates: readonly ReplicaRuntime[],
+    outputTokens: number,
   ): PlacementDecision | undefined {
     const now = this.clock.now();
     const candidate = (replica: ReplicaRuntime) => ({
@@ -810,6 +822,7 @@ export class Scheduler {
       prefillTokensPerSecond: replica.prefillRate.rate(),
       kvUsage: replica.signals.kvUsage,
       hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond(),
+      ...(replica.budget ? { budgetAvailableTokens: replica.budget.available() } : {}),
       busy: replica.busy(now),
       eligible: replica.healthy(),
     });
@@ -823,6 +836,7 @@ export class Scheduler {
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
       usePrefix: this.features.placement === "prefix",
+      maxTokens: outputTokens,
     };
     // A pin that holds on its own needs neither the other replicas' snapshots nor their scores.
     const home = pinned === undefined ? undefined : candidates.find((replica) => replica.id === pinned);

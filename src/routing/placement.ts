@@ -116,6 +116,12 @@ export interface PlacementCandidate {
    * in host memory only is priced as a miss.
    */
   hostLoadTokensPerSecond?: number;
+  /**
+   * Tokens its token budget can still reserve (SPEC 5); absent when it keeps none. A call whose
+   * reservation would not fit goes elsewhere while some replica can hold it: refused here, it
+   * would only come back after a Retry-After.
+   */
+  budgetAvailableTokens?: number;
   /** A worker-wide gate rejection within the last second. */
   busy: boolean;
   /** Healthy and serving the model; an ineligible replica is never chosen. */
@@ -142,6 +148,8 @@ export interface PlacementInput {
   affinityBreakMs?: number;
   /** Whether prefix hits count; false: every prompt token is uncached everywhere. */
   usePrefix: boolean;
+  /** The call's `max_tokens`, part of what it reserves in a token budget. Default 0. */
+  maxTokens?: number;
 }
 
 export type PlacementReason = "pinned" | "prefix" | "load" | "affinity_break";
@@ -260,7 +268,23 @@ export function keepPin(input: PlacementInput): Placement | undefined {
   if (fleetIndex !== null) blocks = fleetIndex.matchReplica(home.id, hashes, tiers);
   else if (usePrefix) tiers.gpuBlocks = blocks = home.index?.matchBlocks(hashes) ?? 0;
   const scored = score(home, blocks, tiers.gpuBlocks, promptTokens, blockSize);
+  if (!fitsBudget(home, scored.hitTokens - scored.hostTokens, promptTokens, input.maxTokens ?? 0))
+    return undefined;
   return scored.ttftMs <= affinityBreakMs ? choice(scored, "pinned") : undefined;
+}
+
+/**
+ * Whether a call fits a candidate's token budget now: it reserves its prompt less the part in GPU
+ * memory (a host hit takes GPU blocks anew) plus `max_tokens`, as the scheduler reserves it.
+ */
+function fitsBudget(
+  candidate: PlacementCandidate,
+  gpuHitTokens: number,
+  promptTokens: number,
+  maxTokens: number,
+): boolean {
+  const available = candidate.budgetAvailableTokens;
+  return available === undefined || promptTokens - gpuHitTokens + maxTokens <= available;
 }
 
 /**
@@ -268,6 +292,8 @@ export function keepPin(input: PlacementInput): Placement | undefined {
  *
  * - Ineligible replicas are never chosen. Busy replicas are skipped unless every eligible one is busy.
  * - Lower predicted TTFT wins (ties: more cached tokens, lower KV usage, candidate order).
+ * - A replica whose token budget cannot hold the call is skipped while another can; a pinned
+ *   replica that cannot loses the session to one that can (`affinity_break`).
  * - A pinned replica keeps the session unless its KV usage is ≥ `affinityBreakKv` or its TTFT
  *   exceeds the best alternative's by more than `affinityBreakMs`; then the best alternative
  *   takes it (`affinity_break`). A KV break needs an alternative below the threshold: moving
@@ -305,47 +331,53 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
 
   const gpuMatches = new Map<string, number>();
   const matches = fleetIndex !== null && hashes.length > 0 ? fleetIndex.match(hashes, gpuMatches) : null;
+  const maxTokens = input.maxTokens ?? 0;
+  /** Best of the pool, best except the pinned replica, and that below the KV break threshold. */
   let best: Scored | undefined;
   let home: Scored | undefined;
-  /** Best of the pool except the pinned replica. */
   let alternative: Scored | undefined;
-  /** Best of the pool except the pinned replica, below the KV break threshold. */
   let unsaturated: Scored | undefined;
-  for (const candidate of candidates) {
-    if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
-    let blocks = 0;
-    let gpuBlocks = 0;
-    if (fleetIndex !== null) {
-      blocks = matches?.get(candidate.id) ?? 0;
-      gpuBlocks = gpuMatches.get(candidate.id) ?? 0;
-    } else if (usePrefix) {
-      gpuBlocks = blocks = candidate.index?.matchBlocks(hashes) ?? 0;
+  // Replicas whose token budget cannot hold the call are left out while another can (it would be
+  // refused there and wait for a Retry-After); when none can, the call is placed as if all could.
+  for (const budgetMatters of [true, false]) {
+    for (const candidate of candidates) {
+      if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
+      let blocks = 0;
+      let gpuBlocks = 0;
+      if (fleetIndex !== null) {
+        blocks = matches?.get(candidate.id) ?? 0;
+        gpuBlocks = gpuMatches.get(candidate.id) ?? 0;
+      } else if (usePrefix) {
+        gpuBlocks = blocks = candidate.index?.matchBlocks(hashes) ?? 0;
+      }
+      let hitTokens = Math.min(gpuBlocks * blockSize, promptTokens);
+      if (budgetMatters && !fitsBudget(candidate, hitTokens, promptTokens, maxTokens)) continue;
+      let hostTokens = 0;
+      if (blocks > gpuBlocks)
+        ({ hitTokens, hostTokens } = hits(candidate, blocks, gpuBlocks, promptTokens, blockSize));
+      const ttft = ttftOf(candidate, promptTokens - hitTokens, hostTokens);
+      const kv = candidate.kvUsage;
+      // A Scored object only for a candidate that leads something: no allocation per replica.
+      let s: Scored | undefined;
+      if (beats(ttft, hitTokens, kv, best)) {
+        s = { candidate, hitTokens, hostTokens, ttftMs: ttft };
+        best = s;
+      }
+      if (pinned === undefined) continue;
+      if (candidate.id === pinned && home === undefined) {
+        home = s ?? { candidate, hitTokens, hostTokens, ttftMs: ttft };
+        continue;
+      }
+      if (beats(ttft, hitTokens, kv, alternative)) {
+        s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
+        alternative = s;
+      }
+      if (kv < affinityBreakKv && beats(ttft, hitTokens, kv, unsaturated)) {
+        s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
+        unsaturated = s;
+      }
     }
-    let hitTokens = Math.min(gpuBlocks * blockSize, promptTokens);
-    let hostTokens = 0;
-    if (blocks > gpuBlocks)
-      ({ hitTokens, hostTokens } = hits(candidate, blocks, gpuBlocks, promptTokens, blockSize));
-    const ttft = ttftOf(candidate, promptTokens - hitTokens, hostTokens);
-    const kv = candidate.kvUsage;
-    // A Scored object only for a candidate that leads something: no allocation per replica.
-    let s: Scored | undefined;
-    if (beats(ttft, hitTokens, kv, best)) {
-      s = { candidate, hitTokens, hostTokens, ttftMs: ttft };
-      best = s;
-    }
-    if (pinned === undefined) continue;
-    if (candidate.id === pinned && home === undefined) {
-      home = s ?? { candidate, hitTokens, hostTokens, ttftMs: ttft };
-      continue;
-    }
-    if (beats(ttft, hitTokens, kv, alternative)) {
-      s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
-      alternative = s;
-    }
-    if (kv < affinityBreakKv && beats(ttft, hitTokens, kv, unsaturated)) {
-      s ??= { candidate, hitTokens, hostTokens, ttftMs: ttft };
-      unsaturated = s;
-    }
+    if (best !== undefined) break;
   }
   best = best!;
   if (pinned === undefined) return choice(best, best.hitTokens > 0 ? "prefix" : "load");

@@ -6,6 +6,7 @@ import { blockHashes } from "../../src/routing/block-hash.js";
 import {
   choosePlacement,
   KV_PRESSURE_MS,
+  keepPin,
   kvPressureMs,
   type PlacementCandidate,
   predictTtftMs,
@@ -35,7 +36,10 @@ function replica(
   };
 }
 
-function place(candidates: PlacementCandidate[], extra: { pinned?: string; usePrefix?: boolean } = {}) {
+function place(
+  candidates: PlacementCandidate[],
+  extra: { pinned?: string; usePrefix?: boolean; maxTokens?: number } = {},
+) {
   return choosePlacement({
     promptTokens: PROMPT.length,
     hashes: HASHES,
@@ -43,7 +47,19 @@ function place(candidates: PlacementCandidate[], extra: { pinned?: string; usePr
     blockSize: BLOCK,
     usePrefix: extra.usePrefix ?? true,
     pinned: extra.pinned,
+    ...(extra.maxTokens !== undefined ? { maxTokens: extra.maxTokens } : {}),
   });
+}
+
+function placeInput(candidates: PlacementCandidate[]) {
+  return {
+    promptTokens: PROMPT.length,
+    hashes: HASHES,
+    candidates,
+    blockSize: BLOCK,
+    usePrefix: true,
+    maxTokens: 100,
+  };
 }
 
 describe("predictTtftMs", () => {
@@ -248,6 +264,73 @@ describe("choosePlacement", () => {
     });
     assert.equal(p?.predictedHitTokens, 64 * 3);
     assert.equal(p?.predictedTtftMs, 0);
+  });
+
+  describe("token budgets", () => {
+    // PROMPT is 3,220 tokens; with max_tokens 100 a call holding 40 blocks (2,560 tokens) reserves 760.
+    it("skips a replica whose budget cannot hold the call's reservation while another can", () => {
+      const p = place(
+        [
+          replica("a", { holds: 40, budgetAvailableTokens: 759 }),
+          replica("b", { budgetAvailableTokens: 3320 }),
+        ],
+        { maxTokens: 100 },
+      );
+      assert.equal(p?.replica, "b");
+      assert.equal(p?.reason, "load");
+    });
+
+    it("counts the cached prefix out of the reservation, so a replica holding it fits with less room", () => {
+      const p = place(
+        [
+          replica("a", { holds: 40, budgetAvailableTokens: 760 }),
+          replica("b", { budgetAvailableTokens: 3319 }),
+        ],
+        { maxTokens: 100 },
+      );
+      assert.equal(p?.replica, "a");
+    });
+
+    it("places as if budgets did not matter when none can hold the call", () => {
+      const p = place(
+        [replica("a", { holds: 40, budgetAvailableTokens: 0 }), replica("b", { budgetAvailableTokens: 0 })],
+        { maxTokens: 100 },
+      );
+      assert.equal(p?.replica, "a");
+      assert.equal(p?.reason, "prefix");
+    });
+
+    it("moves a session off a pinned replica whose budget cannot hold the step, to one that can", () => {
+      const candidates = [
+        replica("a", { holds: 50, budgetAvailableTokens: 10 }),
+        replica("b", { budgetAvailableTokens: 100_000 }),
+        replica("c", { budgetAvailableTokens: 0 }),
+      ];
+      assert.equal(keepPin({ ...placeInput(candidates), pinned: "a" }), undefined);
+      const p = place(candidates, { pinned: "a", maxTokens: 100 });
+      assert.equal(p?.replica, "b");
+      assert.equal(p?.reason, "affinity_break");
+    });
+
+    it("keeps the pin when its budget holds the step, and when no replica's does", () => {
+      const fits = place(
+        [replica("a", { holds: 50, budgetAvailableTokens: 200 }), replica("b", { budgetAvailableTokens: 0 })],
+        { pinned: "a", maxTokens: 100 },
+      );
+      assert.deepEqual([fits?.replica, fits?.reason], ["a", "pinned"]);
+      const full = place(
+        [replica("a", { holds: 50, budgetAvailableTokens: 0 }), replica("b", { budgetAvailableTokens: 0 })],
+        { pinned: "a", maxTokens: 100 },
+      );
+      assert.deepEqual([full?.replica, full?.reason], ["a", "pinned"]);
+    });
+
+    it("ignores replicas without a budget in the rule (no budget: always room)", () => {
+      const p = place([replica("a", { holds: 40, budgetAvailableTokens: 0 }), replica("b")], {
+        maxTokens: 100,
+      });
+      assert.equal(p?.replica, "b");
+    });
   });
 
   it("rejects invalid options, naming the value", () => {

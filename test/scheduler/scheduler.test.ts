@@ -180,6 +180,28 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("places a call its prefix's replica cannot hold in another replica's budget instead of refusing it", async () => {
+    const { clock, scheduler } = fleet(2, { budget: { ceilingTokens: 10_000 } });
+    const head = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(2000) } })),
+    );
+    await run(clock, drain(head));
+    const running = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) }, maxTokens: 2000 })),
+    );
+    assert.equal(running.replica, head.replica);
+    await clock.advanceAsync(3000); // its prefill done, it decodes for a while yet
+    // That replica holds the next call's first 1,984 tokens (31 blocks) but has 10,000 − 6,016 −
+    // 1,000 = 2,984 tokens left of the 5,066 the call would add there; the other can hold its 7,050.
+    const prompt = [...tokens(2000), ...tokens(5000, 50_000)];
+    const moved = await run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: prompt } })));
+    assert.notEqual(moved.replica, head.replica);
+    await run(clock, Promise.all([drain(running), drain(moved)]));
+    assertIdle(scheduler);
+  });
+
   it("refuses a call whose predicted first token misses its deadline with 429 deadline_infeasible", async () => {
     const { clock, scheduler } = fleet(1);
     await assert.rejects(
@@ -286,6 +308,7 @@ describe("scheduler request path", () => {
     pinned.bend = (signals) => ({ ...signals, kvUsage: 0.9 });
     await clock.advanceAsync(2_000); // one control tick reads the bent signals
     const second = await run(clock, scheduler.submit(request({ sessionId: "s1" })));
+    console.log("DBG", first.replica, second.replica);
     assert.notEqual(second.replica, first.replica);
     assert.equal(routes.at(-1), `${second.replica}:affinity_break`);
     await run(clock, drain(second));
