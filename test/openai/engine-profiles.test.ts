@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, it } from "node:test";
-import { parseEngineMetrics } from "../../adapters/engines/openai/metrics-parser.js";
+import { parseEngineMetrics, parsePrometheusText } from "../../adapters/engines/openai/metrics-parser.js";
 import { HitRateMeter } from "../../src/signals/hit-rate.js";
 
 const fixture = (name: string) => readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8");
@@ -59,6 +59,10 @@ describe("genuine pages", () => {
     assert.deepEqual([...s.unknown].sort(), ["maxNumSeqs", "prefixCache"]);
     // Its KV usage gauge is present (a genuine 0), so it is not reported unknown.
     assert.ok(!s.unknown.includes("kvUsage"));
+    // num_cpu_blocks="9362" beside swap_space_bytes="4294967296": V0's swap space for preempted
+    // requests, which no later prompt hits, not a second prefix tier.
+    assert.equal(s.hostKvCapacityTokens, undefined, "swap space is not a host tier: one tier");
+    assert.equal(s.hostPrefixQueryTokens, undefined);
   });
 });
 
@@ -148,11 +152,30 @@ describe("genuine pages across versions", () => {
     assert.equal(s.kvCapacityTokens, 33676 * 16);
     assert.equal(s.kvCapacitySource, "derived");
     assert.equal(s.blockSize, 16);
+    // This engine did run the offloading connector with 410 CPU blocks, but the line comes from the
+    // branch of PR #29605, which was closed unmerged: released vLLM leaves num_cpu_blocks at None
+    // for the connector (issue #28924), and V0 fills it with swap space (the aibrix page above).
+    // num_cpu_blocks alone is therefore not read as a tier; this page states nothing else of one
+    // (no kv_offloading_size, no external counters), so it reads as one tier.
     assert.equal(
       s.hostKvCapacityTokens,
       undefined,
       "num_cpu_blocks without kv_offloading_size shows no host tier",
     );
+    assert.equal(s.hostPrefixQueryTokens, undefined);
+    assert.ok(!s.unknown.includes("hostKvCapacityTokens"));
+  });
+
+  it("LMCache's lookup counters repeat on every worker (LMCache PR #1300); its lines alone are no engine page", () => {
+    const text = fixture("lmcache-lookup-per-worker-pr1300.prom");
+    // Two lookups, counted by each of the four tensor-parallel workers: the same 2.0 four times.
+    const lookups = parsePrometheusText(text).samples.filter(
+      (sample) => sample.name === "lmcache:num_lookup_requests_total",
+    );
+    assert.deepEqual(lookups.map((sample) => sample.labels.worker_id).sort(), ["0", "1", "2", "3"]);
+    assert.ok(lookups.every((sample) => sample.value === 2));
+    // Without vLLM's own series the page is not vLLM's: LMCache's counters ride on an engine's page.
+    assert.equal(parseEngineMetrics(text), undefined);
   });
 
   it("DeepSeek-V4's cache config (vLLM #51163): the engine's kv_cache_size_tokens, not blocks × its smallest block", () => {
@@ -530,9 +553,10 @@ describe("constructed pages", () => {
 });
 
 /*
- * Second KV tiers. No genuine page with these series was found with a citable
- * repository, path and commit (see fixtures/README.md), so the pages below are
- * built here; their series names are the engines' own: vLLM's
+ * Second KV tiers. No genuine engine page carrying these series was found with a
+ * citable source (see fixtures/README.md: the one genuine text kept, LMCache PR
+ * #1300's, holds LMCache lines only and gives the per-worker shape), so the pages
+ * below are built here; their series names are the engines' own: vLLM's
  * `vllm:external_prefix_cache_{queries,hits}` (vllm/v1/metrics/loggers.py) and
  * `vllm:kv_offload_total_{bytes,time}` (the offloading connector's metrics.py),
  * LMCache's `lmcache:num_lookup_{tokens,hits}` (lmcache/observability.py),
@@ -590,6 +614,23 @@ describe("host tiers (constructed pages)", () => {
     );
     assert.equal(s?.hostPrefixQueryTokens, 900);
     assert.equal(s?.hostPrefixHitTokens, 600);
+  });
+
+  it("LMCache's lookup counters on four workers are read once: each worker counts every lookup", () => {
+    // Built here after the shape of LMCache PR #1300's genuine page (lmcache-lookup-per-worker-pr1300.prom):
+    // one series per worker_id, equal because LMCache's lookup client asks every tensor-parallel worker.
+    const perWorker = ["0", "1", "2", "3"].flatMap((worker) => [
+      `lmcache:num_lookup_tokens_total{model_name="m",worker_id="${worker}"} 900`,
+      `lmcache:num_lookup_hits_total{model_name="m",worker_id="${worker}"} 600`,
+    ]);
+    const s = parseEngineMetrics([...vllmCore, ...perWorker].join("\n"));
+    assert.equal(s?.hostPrefixQueryTokens, 900, "not 4 × 900");
+    assert.equal(s?.hostPrefixHitTokens, 600);
+    assert.equal(
+      s?.dataParallelSize,
+      1,
+      "workers are tensor-parallel ranks of one engine, not data-parallel ones",
+    );
   });
 
   it("an engine without a second tier is one tier: no host fields at all", () => {

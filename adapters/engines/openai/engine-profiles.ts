@@ -59,9 +59,13 @@ function groupByName(samples: readonly MetricSample[]): ByName {
 /**
  * Labels along which an engine repeats one logical value: SGLang exports its
  * scheduler gauges once per tensor-parallel (and expert-parallel) worker, so
- * summing over them would count each request TP times.
+ * summing over them would count each request TP times. LMCache keeps its
+ * counters once per vLLM worker (`worker_id`), and its lookup client asks
+ * every tensor-parallel worker about each prompt, so each worker's lookup
+ * counters count every lookup (LMCache PR #1300's page: two lookups, 2.0 on
+ * each of four workers).
  */
-const REPLICATED_LABELS = ["tp_rank", "moe_ep_rank", "pid"];
+const REPLICATED_LABELS = ["tp_rank", "moe_ep_rank", "pid", "worker_id"];
 
 /** One sample per logical series: label sets equal but for `REPLICATED_LABELS` collapse to their largest value. */
 function collapseReplicas(samples: readonly MetricSample[]): MetricSample[] {
@@ -308,7 +312,8 @@ function positiveLabel(sample: MetricSample, label: string): boolean {
  * `vllm:external_prefix_cache_{queries,hits}_total` (tokens asked of the
  * connector — each prompt less its GPU hits — and tokens it supplied),
  * else LMCache's own lookup counters `lmcache:num_lookup_{tokens,hits}_total`
- * (which count whole prompts, GPU-cached part included); the tier's size from
+ * (which count whole prompts, GPU-cached part included, and repeat on every
+ * worker: read once, `REPLICATED_LABELS`); the tier's size from
  * `cache_config_info` (`num_cpu_blocks × block_size` when `kv_offloading_size`
  * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
  * so it is usually unknown); the load rate from the tokens supplied over
