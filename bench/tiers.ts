@@ -37,8 +37,11 @@ import { loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PRESET = "h100-llama3-8b" as const;
 const REPLICAS = 4;
-/** The policies compared (SPEC 13): no admission, request-level prefix routing, CONCUR's window, sluice. */
-export const TIER_POLICIES: readonly BenchPolicy[] = ["rr", "gate-prefix", "concur", "sluice"];
+/**
+ * The policies compared (SPEC 13): no admission, the gate with least-loaded routing, the gate with
+ * request-level prefix routing, CONCUR's window, sluice.
+ */
+export const TIER_POLICIES: readonly BenchPolicy[] = ["rr", "gate", "gate-prefix", "concur", "sluice"];
 
 /**
  * Host tier per rank: 4 × the GPU tier. On `h100-llama3-8b` that is 1.756 M
