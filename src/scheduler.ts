@@ -671,7 +671,8 @@ export class Scheduler {
     holds.inflight = uncached;
     // Counted as sent, not as placed: a call placed may still be refused by the budget or its
     // deadline, and be placed again when it retries.
-    if (at.hashes.length > 0) replica.thrashEvidence.sent(tokens.length - uncached, tokens.length);
+    const thrashEpoch =
+      at.hashes.length > 0 ? replica.thrashEvidence.sent(tokens.length - uncached, tokens.length) : undefined;
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;
@@ -703,6 +704,7 @@ export class Scheduler {
       uncached,
       admittedAt,
       unlinkSignal,
+      ...(thrashEpoch !== undefined ? { thrashEpoch } : {}),
     });
     // From here the admitted call owns every hold.
     holds.permit = null;
@@ -753,7 +755,11 @@ export class Scheduler {
         // after minutes away says nothing of W (on the Mooncake conversation trace such returns
         // were most of the predicted hits lost).
         if (outcome === "ok" && result && held.hashes.length > 0 && (!session || session.stepHeldInWindow)) {
-          replica.thrashEvidence.ended(held.tokens.length - held.uncached, result.cachedTokens);
+          replica.thrashEvidence.ended(
+            held.tokens.length - held.uncached,
+            result.cachedTokens,
+            held.thrashEpoch ?? replica.thrashEvidence.epoch,
+          );
         }
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;

@@ -83,6 +83,11 @@ export interface HeldCall {
   uncached: number;
   admittedAt: number;
   unlinkSignal: () => void;
+  /**
+   * The replica's thrash-evidence epoch when the call was sent to it (`ThrashEvidence.sent`);
+   * absent for a decode leg, which its replica's evidence never saw sent.
+   */
+  thrashEpoch?: number;
 }
 
 /**

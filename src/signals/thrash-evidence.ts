@@ -71,6 +71,7 @@ export class ThrashEvidence {
   private open = emptyInterval();
   private lastPredictedRate: number | undefined;
   private reportsPerCall = false;
+  private cuts = 0;
 
   /** `horizonIntervals`: how many closed control intervals the reading spans (an integer ≥ 1). */
   constructor(private readonly horizonIntervals = 1) {
@@ -81,8 +82,11 @@ export class ThrashEvidence {
     }
   }
 
-  /** A call was sent here with `hitTokens` of its `promptTokens` predicted cached. */
-  sent(hitTokens: number, promptTokens: number): void {
+  /**
+   * A call was sent here with `hitTokens` of its `promptTokens` predicted cached. Returns the
+   * epoch to hand back to `ended` with the call's outcome.
+   */
+  sent(hitTokens: number, promptTokens: number): number {
     if (!(hitTokens >= 0 && promptTokens >= hitTokens)) {
       throw new RangeError(
         `predicted hits should be within [0, prompt tokens], got ${hitTokens} of ${promptTokens}`,
@@ -90,16 +94,28 @@ export class ThrashEvidence {
     }
     this.open.predictedHits += hitTokens;
     this.open.prompts += promptTokens;
+    return this.cuts;
   }
 
-  /** A call sent with `predictedHitTokens` ended; the engine reported `cachedTokens` of its prompt cached. */
-  ended(predictedHitTokens: number, cachedTokens: number): void {
+  /** The current epoch: how many times the window acted on this evidence (`forget`). */
+  get epoch(): number {
+    return this.cuts;
+  }
+
+  /**
+   * A call sent with `predictedHitTokens` ended; the engine reported `cachedTokens` of its prompt
+   * cached. `sentEpoch` is what `sent` returned: a call sent before the window's last cut says
+   * nothing of the window after it, so it is not counted — as TCP answers one loss episode with
+   * one cut, not one for each segment of the old window found lost (NewReno's recovery point).
+   */
+  ended(predictedHitTokens: number, cachedTokens: number, sentEpoch: number): void {
     if (!(predictedHitTokens >= 0 && cachedTokens >= 0)) {
       throw new RangeError(
         `predicted and cached tokens should be non-negative counts, got ${predictedHitTokens} and ${cachedTokens}`,
       );
     }
     if (cachedTokens > 0) this.reportsPerCall = true;
+    if (sentEpoch !== this.cuts) return;
     this.open.settledPredicted += predictedHitTokens;
     this.open.settledDelivered += Math.min(cachedTokens, predictedHitTokens);
   }
@@ -145,10 +161,11 @@ export class ThrashEvidence {
 
   /**
    * Forgets the hits the window acted on: a cut is answered by what happens after it, so one
-   * episode of lost prefixes cuts once, not once for each interval it stays in the horizon.
-   * KV usage is kept.
+   * episode of lost prefixes cuts once, not once for each interval it stays in the horizon, nor
+   * again for calls already on their way when it cut (a new epoch). KV usage is kept.
    */
   forget(): void {
+    this.cuts++;
     for (const interval of this.horizon) {
       interval.settledPredicted = 0;
       interval.settledDelivered = 0;

@@ -388,6 +388,31 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("does not cut again for a call sent before the cut that finds its prefix lost after it", async () => {
+    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
+    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+    await clock.advanceAsync(2_000);
+    const start = windowTokens();
+    const send = (maxTokens: number) =>
+      run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) }, maxTokens })));
+    await run(clock, drain(await send(50)));
+    await clock.advanceAsync(12_000); // its delivered hit has left the horizon
+    engines[0]!.bendCached = (found) => Math.min(found, 16);
+    const long = await send(3000);
+    await run(clock, drain(await send(50)));
+    await clock.advanceAsync(2_000);
+    assert.equal(windowTokens(), Math.floor(start / 2), "the predicted hit was lost: thrash");
+    await run(clock, drain(long));
+    await clock.advanceAsync(4_000);
+    assert.equal(
+      windowTokens(),
+      Math.floor(start / 2),
+      "a call sent before the cut says nothing of the window after it",
+    );
+    assertIdle(scheduler);
+  });
+
   it("reads as thrash only hits lost by sessions the window held, not by one that waited for its place", async () => {
     const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
     const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
