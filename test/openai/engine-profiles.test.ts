@@ -591,6 +591,31 @@ describe("host tiers (constructed pages)", () => {
     assert.equal(s.hostLoadTokensPerSecond, 400 / 0.002, "tokens supplied over the CPU→GPU time only");
   });
 
+  it("vLLM's flat offload load time, where a build exports it, gives the load rate before the deprecated series", () => {
+    // Names from vllm/backends/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py at
+    // 055e47c28003156421365af985d676fc921cb075 (`_TransferMetricName`: counters, exported with `_total`).
+    const external = [
+      'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 700',
+      'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 400',
+    ];
+    const both = parseEngineMetrics(
+      [
+        ...vllmCore,
+        ...external,
+        'vllm:kv_offload_load_time_total{engine="0",model_name="m"} 0.004',
+        'vllm:kv_offload_store_time_total{engine="0",model_name="m"} 9',
+        'vllm:kv_offload_total_time_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 0.002',
+      ].join("\n"),
+    );
+    assert.equal(both?.hostLoadTokensPerSecond, 400 / 0.004, "the flat load time, not the store time");
+    const flatOnly = parseEngineMetrics(
+      [...vllmCore, ...external, 'vllm:kv_offload_load_time_total{engine="0",model_name="m"} 0.008'].join(
+        "\n",
+      ),
+    );
+    assert.equal(flatOnly?.hostLoadTokensPerSecond, 400 / 0.008);
+  });
+
   it("a stated host block count gives the tier's size; the sum runs over data-parallel engines", () => {
     const s = parseEngineMetrics(
       [

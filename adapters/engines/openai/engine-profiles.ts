@@ -317,6 +317,7 @@ function positiveLabel(sample: MetricSample, label: string): boolean {
  * `cache_config_info` (`num_cpu_blocks × block_size` when `kv_offloading_size`
  * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
  * so it is usually unknown); the load rate from the tokens supplied over
+ * `vllm:kv_offload_load_time_total`, else the deprecated
  * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`. Undefined
  * when the page shows no second tier (no offloading size, no transfer time, no
  * LMCache counters, and external counters never queried): the engine is
@@ -333,9 +334,15 @@ function vllmHostTier(
   const lmcache = counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
   const external = connector ?? lmcache;
   const offloading = config.filter((s) => positiveLabel(s, "kv_offloading_size"));
-  const loadTime = series(byName, "vllm:kv_offload_total_time_total").filter(
-    (s) => s.labels.transfer_type?.toUpperCase() === "CPU_TO_GPU",
-  );
+  // The flat name (vLLM from 2026) covers loads from any offload medium; the labelled one it
+  // replaces, kept while the names migrate, only the CPU offloading connector's.
+  const flatLoadTime = series(byName, "vllm:kv_offload_load_time_total");
+  const loadTime =
+    flatLoadTime.length > 0
+      ? flatLoadTime
+      : series(byName, "vllm:kv_offload_total_time_total").filter(
+          (s) => s.labels.transfer_type?.toUpperCase() === "CPU_TO_GPU",
+        );
   // vLLM (from late 2025, PR #26245) creates its external counters for every engine core, with a
   // KV connector or without one: never queried, and with nothing else to show a tier, they show none.
   const connectorQueried = (connector?.queries ?? 0) > 0;
