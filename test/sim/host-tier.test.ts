@@ -177,6 +177,10 @@ describe("host tier", () => {
       new RegExp(`vllm:kv_offload_total_bytes_total\\{[^}]*transfer_type="CPU_to_GPU"\\} ${bytes}`),
     );
     assert.match(text, /vllm:kv_offload_total_bytes_total\{[^}]*transfer_type="GPU_to_CPU"\} \d+/);
+    // Current vLLM's flat names, beside the labelled ones it keeps for CPU offloading.
+    assert.match(text, new RegExp(`vllm:kv_offload_load_bytes_total\\{[^}]*engine="0"\\} ${bytes}\n`));
+    assert.match(text, /vllm:kv_offload_load_time_total\{[^}]*engine="0"\} [\d.e-]+\n/);
+    assert.match(text, /vllm:kv_offload_store_bytes_total\{[^}]*engine="0"\} \d+\n/);
     assert.match(text, /vllm:cache_config_info\{[^}]*num_cpu_blocks="64"[^}]*kv_offloading_backend="native"/);
     // The adapter reads the tier back from the page as it would from vLLM.
     const read = parseEngineMetrics(text);
@@ -188,7 +192,7 @@ describe("host tier", () => {
     assert.equal(read.prefixHitTokens, 0);
     // One tier: none of those series, and cache_config_info says so.
     const one = await createSimRegistry(small(0).engine).metrics();
-    assert.doesNotMatch(one, /external_prefix_cache|kv_offload_total/);
+    assert.doesNotMatch(one, /external_prefix_cache|kv_offload_/);
     assert.match(one, /num_cpu_blocks="0"[^}]*kv_offloading_size="None"/);
     assert.equal(parseEngineMetrics(one)?.hostKvCapacityTokens, undefined);
   });

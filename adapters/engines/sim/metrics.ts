@@ -22,7 +22,8 @@ import type { SimEngine } from "./sim-engine.js";
  * for — each prompt less its GPU hits — and tokens it supplied;
  * `vllm/v1/core/sched/scheduler.py`), `vllm:kv_offload_total_bytes_total`
  * and `vllm:kv_offload_total_time_total` (seconds) per `transfer_type`
- * (`GPU_to_CPU`, `CPU_to_GPU`; the offloading connector's `metrics.py`), and
+ * (`GPU_to_CPU`, `CPU_to_GPU`; the offloading connector's `metrics.py`) and
+ * their flat successors `vllm:kv_offload_{load,store}_{bytes,time}_total`, and
  * `cache_config_info` labels `kv_offloading_size` (GiB per rank),
  * `kv_offloading_backend` and `num_cpu_blocks` (host blocks per rank).
  *
@@ -112,7 +113,8 @@ export function createSimRegistry(engine: SimEngine): Registry {
     );
     // Stores are modelled off the critical path (vLLM offloads asynchronously) but take the same link time.
     const secondsPerToken = hostLoadMsPerToken(p) / 1000;
-    const transfers = (s: ReturnType<SimEngine["rankSignals"]>[number]) => ({
+    type RankTransfers = Record<"GPU_to_CPU" | "CPU_to_GPU", { tokens: number; seconds: number }>;
+    const transfers = (s: ReturnType<SimEngine["rankSignals"]>[number]): RankTransfers => ({
       GPU_to_CPU: {
         tokens: s.hostStoredBlocks * p.blockSize,
         seconds: s.hostStoredBlocks * p.blockSize * secondsPerToken,
@@ -147,6 +149,30 @@ export function createSimRegistry(engine: SimEngine): Registry {
       "vllm:kv_offload_total_time_total",
       "Total time measured by all KV offloading operations",
       (t) => t.seconds,
+    );
+    // The flat names current vLLM exports beside the labelled ones above, which it keeps for CPU
+    // offloading while the names migrate.
+    const flatCounter = (name: string, help: string, read: (s: RankTransfers) => number) =>
+      counter(name, help, (s) => read(transfers(s)));
+    flatCounter(
+      "vllm:kv_offload_load_bytes_total",
+      "Total bytes loaded from offload storage to GPU.",
+      (t) => t.CPU_to_GPU.tokens * p.kvBytesPerToken,
+    );
+    flatCounter(
+      "vllm:kv_offload_load_time_total",
+      "Total load time from offload storage to GPU, in seconds.",
+      (t) => t.CPU_to_GPU.seconds,
+    );
+    flatCounter(
+      "vllm:kv_offload_store_bytes_total",
+      "Total bytes stored from GPU to offload storage.",
+      (t) => t.GPU_to_CPU.tokens * p.kvBytesPerToken,
+    );
+    flatCounter(
+      "vllm:kv_offload_store_time_total",
+      "Total store time from GPU to offload storage, in seconds.",
+      (t) => t.GPU_to_CPU.seconds,
     );
   }
   if (engine.role !== "both") {
