@@ -152,28 +152,23 @@ export function createSimRegistry(engine: SimEngine): Registry {
     );
     // The flat names current vLLM exports beside the labelled ones above, which it keeps for CPU
     // offloading while the names migrate.
-    const flatCounter = (name: string, help: string, read: (s: RankTransfers) => number) =>
-      counter(name, help, (s) => read(transfers(s)));
-    flatCounter(
-      "vllm:kv_offload_load_bytes_total",
-      "Total bytes loaded from offload storage to GPU.",
-      (t) => t.CPU_to_GPU.tokens * p.kvBytesPerToken,
-    );
-    flatCounter(
-      "vllm:kv_offload_load_time_total",
-      "Total load time from offload storage to GPU, in seconds.",
-      (t) => t.CPU_to_GPU.seconds,
-    );
-    flatCounter(
-      "vllm:kv_offload_store_bytes_total",
-      "Total bytes stored from GPU to offload storage.",
-      (t) => t.GPU_to_CPU.tokens * p.kvBytesPerToken,
-    );
-    flatCounter(
-      "vllm:kv_offload_store_time_total",
-      "Total store time from GPU to offload storage, in seconds.",
-      (t) => t.GPU_to_CPU.seconds,
-    );
+    const flat = [
+      ["load", "CPU_to_GPU", "from offload storage to GPU"],
+      ["store", "GPU_to_CPU", "from GPU to offload storage"],
+    ] as const;
+    for (const [direction, type, path] of flat) {
+      const moved = direction === "load" ? "loaded" : "stored";
+      counter(
+        `vllm:kv_offload_${direction}_bytes_total`,
+        `Total bytes ${moved} ${path}.`,
+        (s) => transfers(s)[type].tokens * p.kvBytesPerToken,
+      );
+      counter(
+        `vllm:kv_offload_${direction}_time_total`,
+        `Total ${direction} time ${path}, in seconds.`,
+        (s) => transfers(s)[type].seconds,
+      );
+    }
   }
   if (engine.role !== "both") {
     const stats = engine.transfers;
