@@ -334,7 +334,7 @@ function vllmHostTier(
   const lmcache = counterPair(byName, [["lmcache:num_lookup_tokens_total", "lmcache:num_lookup_hits_total"]]);
   const external = connector ?? lmcache;
   const offloading = config.filter((s) => positiveLabel(s, "kv_offloading_size"));
-  // The flat name (vLLM from 2026) covers loads from any offload medium; the labelled one it
+  // The flat name (newer vLLM) covers loads from any offload medium; the labelled one it
   // replaces, kept while the names migrate, only the CPU offloading connector's.
   const flatLoadTime = series(byName, "vllm:kv_offload_load_time_total");
   const loadTime =
