@@ -443,12 +443,18 @@ describe("NATS calls through faults", () => {
   test("SIGTERM drains NATS calls like HTTP ones: calls in flight finish, new ones go elsewhere", async () => {
     const transport = new NatsTransport({ nc: clientNc!, heartbeatMs: 250, deadAfterMs: 3000 });
     const { outcome, settled } = natsLoad(transport, 10, "drain", 200);
-    const target = frontends[2]!;
-    // Signal once the target holds calls, however long a busy machine takes to get them there.
+    // Signal a frontend once it holds calls, however long a busy machine takes to get them there.
+    // NATS spreads the calls at random over the queue group, so either of two may be the one: with
+    // a fixed target, all ten calls go elsewhere one time in sixty. frontends[1] is the next test's.
+    let target: (typeof frontends)[number] | undefined;
     await until(async () => {
-      const state = await adminState(target.url);
-      return state?.replicas.some((r) => r.gate.requests > 0) === true;
-    }, "calls running on the frontend to stop");
+      for (const candidate of [frontends[2]!, frontends[0]!]) {
+        const state = await adminState(candidate.url);
+        if (state?.replicas.some((r) => r.gate.requests > 0)) target = candidate;
+      }
+      return target !== undefined;
+    }, "calls running on a frontend to stop");
+    if (!target) throw new Error("unreachable: until() returned without a target");
     target.child.child.kill("SIGTERM");
     const late = natsLoad(transport, 4, "after-term", 4);
     await Promise.all([settled, late.settled]);
