@@ -371,6 +371,29 @@ describe("a replica killed under the fleet", () => {
 });
 
 /** Runs NATS calls (half streamed) and accounts for each: completed, an error, or unanswered. */
+/**
+ * The first of `candidates` seen holding calls, however long a busy machine takes to get them
+ * there. NATS spreads calls at random over the queue group, so a fixed frontend would get none of
+ * ten one time in sixty (of three) or a thousand (of two).
+ */
+async function frontendHoldingCalls(
+  candidates: readonly (typeof frontends)[number][],
+  what: string,
+): Promise<(typeof frontends)[number]> {
+  let holder: (typeof frontends)[number] | undefined;
+  await until(async () => {
+    for (const candidate of candidates) {
+      const state = await adminState(candidate.url);
+      if (state?.replicas.some((r) => r.gate.requests > 0)) {
+        holder = candidate;
+        return true;
+      }
+    }
+    return false;
+  }, what);
+  return holder!;
+}
+
 function natsLoad(transport: NatsTransport, count: number, tag: string, maxTokens: number) {
   const outcome = { completed: 0, errors: [] as string[], unanswered: count };
   const calls = Array.from({ length: count }, async (_, i) => {
@@ -443,18 +466,7 @@ describe("NATS calls through faults", () => {
   test("SIGTERM drains NATS calls like HTTP ones: calls in flight finish, new ones go elsewhere", async () => {
     const transport = new NatsTransport({ nc: clientNc!, heartbeatMs: 250, deadAfterMs: 3000 });
     const { outcome, settled } = natsLoad(transport, 10, "drain", 200);
-    // Signal a frontend once it holds calls, however long a busy machine takes to get them there.
-    // NATS spreads the calls at random over the queue group, so either of two may be the one: with
-    // a fixed target, all ten calls go elsewhere one time in sixty. frontends[1] is the next test's.
-    let target: (typeof frontends)[number] | undefined;
-    await until(async () => {
-      for (const candidate of [frontends[2]!, frontends[0]!]) {
-        const state = await adminState(candidate.url);
-        if (state?.replicas.some((r) => r.gate.requests > 0)) target = candidate;
-      }
-      return target !== undefined;
-    }, "calls running on a frontend to stop");
-    if (!target) throw new Error("unreachable: until() returned without a target");
+    const target = await frontendHoldingCalls(live(), "calls running on a frontend to stop");
     target.child.child.kill("SIGTERM");
     const late = natsLoad(transport, 4, "after-term", 4);
     await Promise.all([settled, late.settled]);
@@ -469,11 +481,7 @@ describe("NATS calls through faults", () => {
   test("SIGKILL: calls the dead frontend held end with 503 well before their timeout; the rest complete", async () => {
     const transport = new NatsTransport({ nc: clientNc!, heartbeatMs: 250, deadAfterMs: 2000 });
     const { outcome, settled } = natsLoad(transport, 10, "kill", 400);
-    const target = frontends[1]!;
-    await until(async () => {
-      const state = await adminState(target.url);
-      return state?.replicas.some((r) => r.gate.requests > 0) === true;
-    }, "calls running on the frontend to kill");
+    const target = await frontendHoldingCalls(live(), "calls running on a frontend to kill");
     target.child.child.kill("SIGKILL");
     await settled;
     assert.equal(outcome.unanswered, 0);
