@@ -754,12 +754,10 @@ export class Scheduler {
         // waited for its place (first, paused or dormant) was not held, and finding its cache gone
         // after minutes away says nothing of W (on the Mooncake conversation trace such returns
         // were most of the predicted hits lost).
-        if (outcome === "ok" && result && held.hashes.length > 0 && (!session || session.stepHeldInWindow)) {
-          replica.thrashEvidence.ended(
-            held.tokens.length - held.uncached,
-            result.cachedTokens,
-            held.thrashEpoch ?? replica.thrashEvidence.epoch,
-          );
+        // Only a call this replica's evidence saw sent (not a decode leg, whose KV was handed over).
+        const sentEpoch = held.thrashEpoch;
+        if (outcome === "ok" && result && sentEpoch !== undefined && (!session || session.stepHeldInWindow)) {
+          replica.thrashEvidence.ended(held.tokens.length - held.uncached, result.cachedTokens, sentEpoch);
         }
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;

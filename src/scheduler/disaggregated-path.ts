@@ -85,7 +85,7 @@ export interface HeldCall {
   unlinkSignal: () => void;
   /**
    * The replica's thrash-evidence epoch when the call was sent to it (`ThrashEvidence.sent`);
-   * absent for a decode leg, which its replica's evidence never saw sent.
+   * absent for a decode leg, which its replica's evidence never saw sent: its end is no evidence.
    */
   thrashEpoch?: number;
 }

@@ -97,11 +97,6 @@ export class ThrashEvidence {
     return this.cuts;
   }
 
-  /** The current epoch: how many times the window acted on this evidence (`forget`). */
-  get epoch(): number {
-    return this.cuts;
-  }
-
   /**
    * A call sent with `predictedHitTokens` ended; the engine reported `cachedTokens` of its prompt
    * cached. `sentEpoch` is what `sent` returned: a call sent before the window's last cut says

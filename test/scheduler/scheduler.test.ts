@@ -53,6 +53,18 @@ function fleet(replicas: number, config: SchedulerConfigInput = {}, events?: Sch
 /** A token window started above the replica's KV capacity, where lost hits can be the window's doing. */
 const ABOVE_CAPACITY: SchedulerConfigInput = { window: { initialTokens: 800_000 } };
 
+/**
+ * One replica whose KV usage reads 0.8 (above U_high), after its first control interval: the
+ * token window's W now (`start`) and a reader of it, for tests of thrash cuts.
+ */
+async function loadedWindow(config: SchedulerConfigInput) {
+  const { clock, scheduler, engines } = fleet(1, config);
+  const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
+  engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
+  await clock.advanceAsync(2_000);
+  return { clock, scheduler, engines, windowTokens, start: windowTokens() };
+}
+
 function tokens(n: number, offset = 0): number[] {
   return Array.from({ length: n }, (_, i) => offset + i);
 }
@@ -361,11 +373,7 @@ describe("scheduler request path", () => {
   });
 
   it("halves the token window when calls lose the prefix hits predicted for them, once per episode", async () => {
-    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
-    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
-    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
-    await clock.advanceAsync(2_000);
-    const start = windowTokens();
+    const { clock, scheduler, engines, windowTokens, start } = await loadedWindow(ABOVE_CAPACITY);
     const call = async (cached: number) => {
       engines[0]!.bendCached = (found) => Math.min(found, cached);
       const admitted = await run(
@@ -389,11 +397,7 @@ describe("scheduler request path", () => {
   });
 
   it("does not cut again for a call sent before the cut that finds its prefix lost after it", async () => {
-    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
-    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
-    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
-    await clock.advanceAsync(2_000);
-    const start = windowTokens();
+    const { clock, scheduler, engines, windowTokens, start } = await loadedWindow(ABOVE_CAPACITY);
     const send = (maxTokens: number) =>
       run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(1000) }, maxTokens })));
     await run(clock, drain(await send(50)));
@@ -414,11 +418,7 @@ describe("scheduler request path", () => {
   });
 
   it("reads as thrash only hits lost by sessions the window held, not by one that waited for its place", async () => {
-    const { clock, scheduler, engines } = fleet(1, ABOVE_CAPACITY);
-    const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
-    engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
-    await clock.advanceAsync(2_000);
-    const start = windowTokens();
+    const { clock, scheduler, engines, windowTokens, start } = await loadedWindow(ABOVE_CAPACITY);
     const prompt = tokens(1000);
     const step = async (sessionId: string, input: number[], cached: number) => {
       engines[0]!.bendCached = (found) => Math.min(found, cached);
@@ -444,11 +444,9 @@ describe("scheduler request path", () => {
 
   for (const holdWithinCapacity of [false, true]) {
     it(`${holdWithinCapacity ? "with --window-hold-within-capacity, does not cut" : "cuts (SPEC 6)"} a window within the KV capacity less the guard band on thrash`, async () => {
-      const { clock, scheduler, engines } = fleet(1, { window: { holdWithinCapacity } });
-      const windowTokens = () => scheduler.state().replicas[0]!.window.sizeTokens!;
-      engines[0]!.bend = (signals) => ({ ...signals, kvUsage: 0.8 });
-      await clock.advanceAsync(2_000);
-      const start = windowTokens();
+      const { clock, scheduler, engines, windowTokens, start } = await loadedWindow({
+        window: { holdWithinCapacity },
+      });
       assert.ok(start <= 439_000 * 0.9, `the first W is the capacity less the guard band, got ${start}`);
       for (const cached of [Number.POSITIVE_INFINITY, 16]) {
         engines[0]!.bendCached = (found) => Math.min(found, cached);
