@@ -496,7 +496,7 @@ export class Scheduler {
       expectedIdleMs: req.expectedIdleMs,
     };
     if (!session || this.features.window === null) {
-      const placed = this.route(tokens, hashes, eligible, this.reservedOutputTokens(call));
+      const placed = this.route(call, hashes, eligible);
       if (!placed)
         throw new Refusal("unavailable", "no replica can take the call", {
           retryAfterSeconds: 1,
@@ -524,11 +524,10 @@ export class Scheduler {
       );
     }
     const hint = this.pinHints.get(session.id);
-    const outputTokens = this.reservedOutputTokens(call);
     const choose = (candidates: readonly string[]) =>
       hint !== undefined && candidates.includes(hint)
         ? hint
-        : this.place(tokens, hashes, undefined, this.replicasOf(candidates, eligible), outputTokens)?.replica;
+        : this.place(call, hashes, undefined, this.replicasOf(candidates, eligible))?.replica;
     let pinned = await this.admission.acquireStep(session, choose, req.signal, demand);
     holds.step = true;
     const alive = (id: string) => eligible.some((candidate) => candidate.id === id);
@@ -551,7 +550,7 @@ export class Scheduler {
     const movable = eligible.filter(
       (candidate) => candidate.id === pinned || this.admission.hasRoom(candidate.id, session),
     );
-    let decision: PlacementDecision = this.place(tokens, hashes, pinned, movable, outputTokens) ?? {
+    let decision: PlacementDecision = this.place(call, hashes, pinned, movable) ?? {
       replica: pinned,
       reason: "pinned",
       predictedHitTokens: 0,
@@ -601,10 +600,12 @@ export class Scheduler {
   ): void {
     if (!this.features.feasibility) return;
     const refusal = checkDeadline({
-      // The model placement scored this replica by, so a call is never placed by one prediction and refused by another.
+      // The model placement scored this replica by, over the queued prefill this call waits behind in
+      // its lane: no more than placement counted, so a call is never placed by one prediction and
+      // refused by a harsher one, and a short call is not refused for bulk work it overtakes.
       predictedTtftMs: predictTtftMs({
         uncachedPrefillTokens: uncached,
-        queuedPrefillTokens: replica.queuedPrefillTokens,
+        queuedPrefillTokens: replica.queuedPrefillAheadOf(lane),
         inflightPrefillTokens: replica.inflightPrefillTokens,
         prefillTokensPerSecond: replica.prefillRate.rate(),
         kvUsage: replica.signals.kvUsage,
@@ -628,7 +629,7 @@ export class Scheduler {
     uncached: number,
   ): Promise<Permit | null> {
     if (!replica.gate) return null;
-    replica.queuePrefill(uncached);
+    replica.queuePrefill(uncached, lane);
     try {
       const rank = replica.chooseRank();
       return await replica.gate.acquire({
@@ -643,7 +644,7 @@ export class Scheduler {
       }
       throw error;
     } finally {
-      replica.dequeuePrefill(uncached);
+      replica.dequeuePrefill(uncached, lane);
     }
   }
 
@@ -781,12 +782,7 @@ export class Scheduler {
   }
 
   /** Placement for policies without a session window: round robin, least loaded, or prefix-aware. */
-  private route(
-    tokens: readonly number[],
-    hashes: string[],
-    eligible: ReplicaRuntime[],
-    outputTokens: number,
-  ): PlacementDecision | undefined {
+  private route(call: CallPlan, hashes: string[], eligible: ReplicaRuntime[]): PlacementDecision | undefined {
     const now = this.clock.now();
     const notBusy = eligible.filter((replica) => !replica.busy(now));
     const pool = notBusy.length > 0 ? notBusy : eligible;
@@ -799,7 +795,7 @@ export class Scheduler {
       for (const replica of pool) if (load(replica) < load(best)) best = replica;
       return { replica: best.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
     }
-    return this.place(tokens, hashes, undefined, pool, outputTokens);
+    return this.place(call, hashes, undefined, pool);
   }
 
   /**
@@ -812,11 +808,10 @@ export class Scheduler {
   }
 
   private place(
-    tokens: readonly number[],
+    call: CallPlan,
     hashes: readonly string[],
     pinned: string | undefined,
     candidates: readonly ReplicaRuntime[],
-    outputTokens: number,
   ): PlacementDecision | undefined {
     const now = this.clock.now();
     const candidate = (replica: ReplicaRuntime) => ({
@@ -831,7 +826,7 @@ export class Scheduler {
       eligible: replica.healthy(),
     });
     const input = {
-      promptTokens: tokens.length,
+      promptTokens: call.tokens.length,
       hashes,
       ...(pinned !== undefined ? { pinned } : {}),
       candidates: [] as PlacementCandidate[],
@@ -840,7 +835,7 @@ export class Scheduler {
       affinityBreakKv: this.config.routing.affinityBreakKv,
       affinityBreakMs: this.config.routing.affinityBreakMs,
       usePrefix: this.features.placement === "prefix",
-      maxTokens: outputTokens,
+      maxTokens: this.reservedOutputTokens(call),
     };
     // A pin that holds on its own needs neither the other replicas' snapshots nor their scores.
     const home = pinned === undefined ? undefined : candidates.find((replica) => replica.id === pinned);

@@ -207,7 +207,7 @@ export class DisaggregatedPath {
       transferTokens: Math.max(0, call.tokens.length - 1),
       prefillDoneInMs: predictTtftMs({
         uncachedPrefillTokens: uncached,
-        queuedPrefillTokens: prefill.queuedPrefillTokens,
+        queuedPrefillTokens: prefill.queuedPrefillAheadOf(lane),
         inflightPrefillTokens: prefill.inflightPrefillTokens,
         prefillTokensPerSecond: prefill.prefillRate.rate(),
         kvUsage: prefill.signals.kvUsage,

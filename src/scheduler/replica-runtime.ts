@@ -18,6 +18,7 @@ import { HitRateMeter } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
 import { ThrashEvidence } from "../signals/thrash-evidence.js";
+import type { Lane } from "../types.js";
 
 /**
  * How far back the token window reads its evidence of thrash (`ThrashEvidence`): several control
@@ -56,7 +57,10 @@ export class ReplicaRuntime {
   private busyUntil = Number.NEGATIVE_INFINITY;
   /** When a call last found the engine unreachable (clock ms). */
   private unreachableAt = Number.NEGATIVE_INFINITY;
-  private queuedPrefill = 0;
+  /** Uncached prompt tokens waiting in the gate queue, by lane. */
+  private readonly queuedPrefill: Record<Lane, number> = { interactive: 0, bulk: 0 };
+  /** The gate's bulk floor share while lanes order its queue; null when they do not (one FIFO). */
+  private readonly bulkFloorShare: number | null;
   private inflightPrefill = 0;
   private runningCalls = 0;
   /** The replica's one completion rate behind every Retry-After (the gate's 529 and 429s, the budget's, the session queue's). */
@@ -91,6 +95,7 @@ export class ReplicaRuntime {
       const limits = this.gateLimits(signals.maxNumSeqs);
       this.reportedMaxNumSeqs = signals.maxNumSeqs;
       const lanes = features.lanes ? this.laneOptions() : undefined;
+      this.bulkFloorShare = lanes ? lanes.bulkFloorShare : null;
       this.gate = new BackendGate({
         ...limits,
         ...(signals.dataParallelSize > 1 ? { ranks: signals.dataParallelSize } : {}),
@@ -101,6 +106,7 @@ export class ReplicaRuntime {
       });
     } else {
       this.gate = null;
+      this.bulkFloorShare = null;
     }
     this.budget = features.budget
       ? new TokenBudget({
@@ -193,7 +199,22 @@ export class ReplicaRuntime {
 
   /** Uncached prompt tokens of calls waiting in the gate queue. */
   get queuedPrefillTokens(): number {
-    return this.queuedPrefill;
+    return this.queuedPrefill.interactive + this.queuedPrefill.bulk;
+  }
+
+  /**
+   * Queued prefill a new call of `lane` waits behind at the gate: all of it for bulk, or when one
+   * FIFO queue serves both lanes. An interactive call overtakes queued bulk calls (SPEC 5) except
+   * for bulk's floor share f of the prefill tokens admitted while both lanes wait, so it waits
+   * behind the interactive tokens queued I and at most `I · f / (1 − f)` bulk tokens. Counting the
+   * whole queue would predict a short call the bulk backlog's wait and refuse it as
+   * `deadline_infeasible` when it would have met its deadline.
+   */
+  queuedPrefillAheadOf(lane: Lane): number {
+    const { interactive, bulk } = this.queuedPrefill;
+    const floor = this.bulkFloorShare;
+    if (floor === null || lane === "bulk") return interactive + bulk;
+    return interactive + (floor < 1 ? Math.min(bulk, (interactive * floor) / (1 - floor)) : bulk);
   }
 
   /** Uncached prompt tokens of admitted calls that have no first token yet. */
@@ -231,14 +252,14 @@ export class ReplicaRuntime {
     }
   }
 
-  /** A call's uncached prefill waits in the gate queue. */
-  queuePrefill(tokens: number): void {
-    this.queuedPrefill += tokens;
+  /** A call's uncached prefill waits in the gate queue of its lane. */
+  queuePrefill(tokens: number, lane: Lane): void {
+    this.queuedPrefill[lane] += tokens;
   }
 
   /** It left the gate queue (admitted, refused or cancelled). */
-  dequeuePrefill(tokens: number): void {
-    this.queuedPrefill -= tokens;
+  dequeuePrefill(tokens: number, lane: Lane): void {
+    this.queuedPrefill[lane] -= tokens;
   }
 
   /** A call's uncached prefill reached the engine. */

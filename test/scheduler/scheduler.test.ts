@@ -228,6 +228,46 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("predicts an interactive call's first token behind queued interactive work, not the bulk it overtakes", async () => {
+    const { clock, scheduler } = fleet(1, {
+      gate: { engineRequestLimit: 1, engineRequestWaitingLimit: 1, requestQueueLimit: 8 },
+    });
+    const running = await run(clock, scheduler.submit(request({ maxTokens: 1000 })));
+    await clock.advanceAsync(500); // its prefill is done: nothing in flight ahead of the next calls
+    const bulk = scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(60_000, 100_000) } }));
+    await clock.advanceAsync(1);
+    assert.equal(scheduler.state().replicas[0]!.gate.queued, 1);
+    // 60,000 queued bulk tokens take ~1.3 s to prefill at the simulated 45,000 tokens/s: another
+    // bulk call waits behind them and cannot meet 1 s …
+    await assert.rejects(
+      run(
+        clock,
+        scheduler.submit(
+          request({ input: { kind: "tokens", tokens: tokens(5_000, 200_000) }, deadlineMs: 1_000 }),
+        ),
+      ),
+      refusalWith("deadline_infeasible", 429),
+    );
+    // … while an interactive call goes ahead of them (SPEC 5) and can.
+    let bulkAdmitted = false;
+    bulk.then(
+      () => {
+        bulkAdmitted = true;
+      },
+      () => undefined,
+    );
+    const interactive = await run(
+      clock,
+      scheduler.submit(
+        request({ input: { kind: "tokens", tokens: tokens(500, 300_000) }, deadlineMs: 1_000 }),
+      ),
+    );
+    assert.equal(interactive.lane, "interactive");
+    assert.equal(bulkAdmitted, false, "the interactive call overtook the queued bulk call");
+    await run(clock, Promise.all([drain(running), drain(interactive), bulk.then(drain)]));
+    assertIdle(scheduler);
+  });
+
   it("answers a full gate with 529 worker_overloaded and marks the replica busy", async () => {
     const { clock, scheduler } = fleet(2, {
       policy: "gate",
