@@ -106,7 +106,9 @@ export function controlWindow(
   const before = window.size;
   if (fresh) window.observe(signal);
   if (window.size < before) replica.thrashEvidence.forget();
-  const grew = `${window.inSlowStart ? "slow start" : "additive increase"}: sessions wait, KV usage at most ${kvUsagePeak.toFixed(2)} < ${o.kvLow} over the last intervals`;
+  const grew = window.inSlowStart
+    ? `slow start: sessions wait, KV usage at most ${kvUsagePeak.toFixed(2)} < ${o.kvLow} over the last intervals`
+    : `additive increase: sessions wait, KV usage ${kvUsage.toFixed(2)} < ${o.kvLow}`;
   const lost = `KV usage ${kvUsage.toFixed(2)} > ${o.kvHigh} with hit rate ${hitRate.toFixed(2)}, ${(delivered ?? 1).toFixed(2)} of the ${(predicted ?? 0).toFixed(2)} predicted < ${o.hitLow}`;
   report("tokens", before, window.size, window.size < before ? `thrash: ${lost}` : grew);
   return {

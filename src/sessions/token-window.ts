@@ -37,8 +37,8 @@ export interface TokenWindowSignal {
   /** KV held by running calls over the capacity, excluding evictable cache (0–1). */
   kvUsage: number;
   /**
-   * The highest KV usage over the last few intervals (default: `kvUsage`): W grows only while it
-   * stayed below U_low, so one quiet interval between busy ones does not grow it.
+   * The highest KV usage over the last few intervals (default: `kvUsage`): slow start doubles W
+   * only while it stayed below U_low, so one quiet interval between busy ones does not double it.
    */
   kvUsagePeak?: number | undefined;
   /** Token-weighted prefix hit rate over the interval; undefined when nothing was looked up (no measurement). */
@@ -99,9 +99,14 @@ export function resolveTokenWindowOptions(
  *
  * - Thrash, `U > U_high and H < H_low` (CONCUR's thresholds): `W = max(min, W·β)`,
  *   and slow start is over. An interval without lookups (H undefined) cannot cut.
- * - Sessions wait, nothing thrashes and `U < U_low` (over the last few intervals, where
- *   `kvUsagePeak` says): W doubles per interval
- *   until the first cut (slow start), then grows by α (additive increase), up to max.
+ * - Sessions wait, nothing thrashes and `U < U_low`: W doubles per interval until the first
+ *   cut (slow start), then grows by α (additive increase), up to max. Doubling also needs U
+ *   below U_low over the last few intervals (`kvUsagePeak`): on `agents` one quiet interval
+ *   between busy ones doubled W to twice the KV capacity, and the sessions it let in overflowed
+ *   the cache. Adding α on one quiet interval risks a sixteenth of the capacity, and requiring a
+ *   quiet horizon for it too left a window cut once on the Mooncake conversation trace without
+ *   a host tier halved for the rest of the hour: the trace's one-off calls, outside the window,
+ *   keep U above U_low for most of 10 s at a time.
  * - Otherwise W holds: growing a window nobody waits for only makes it meaningless
  *   (TCP's congestion-window validation, RFC 7661, for the same reason).
  */
@@ -194,7 +199,7 @@ export function stepTokenWindow(
   if (kvUsage > o.kvHigh && hitRate !== undefined && hitRate < o.hitLow) {
     slowStart = false;
     size = Math.max(floor, Math.floor(before * o.decrease));
-  } else if (waiting && Math.max(kvUsage, peak ?? kvUsage) < o.kvLow) {
+  } else if (waiting && (slowStart ? Math.max(kvUsage, peak ?? kvUsage) : kvUsage) < o.kvLow) {
     const grown = slowStart ? before * 2 : before + o.increase;
     size = Math.min(o.max, Math.max(before, Math.floor(grown)));
   }

@@ -28,7 +28,7 @@ describe("TokenWindow", () => {
     assert.equal(w.lastAction, "hold");
   });
 
-  it("holds while the recent peak of KV usage is not low, though the last interval's is", () => {
+  it("in slow start, holds while the recent peak of KV usage is not low, though the last interval's is", () => {
     const w = new TokenWindow({ capacityTokens: CAPACITY });
     assert.equal(w.observe({ kvUsage: 0.1, kvUsagePeak: 0.6, hitRate: 0.9, waiting: true }), 144_000);
     assert.equal(w.lastAction, "hold");
@@ -46,6 +46,15 @@ describe("TokenWindow", () => {
     assert.equal(w.inSlowStart, false);
     assert.equal(w.observe({ kvUsage: 0.1, hitRate: 0.5, waiting: true }), 82_000);
     assert.equal(w.lastAction, "increase");
+  });
+
+  it("after the first cut, adds α on one interval of low KV usage, whatever the recent peak", () => {
+    const w = new TokenWindow({ capacityTokens: CAPACITY });
+    assert.equal(w.observe({ kvUsage: 0.7, hitRate: 0.1, waiting: true }), 72_000);
+    assert.equal(w.observe({ kvUsage: 0.1, kvUsagePeak: 0.7, hitRate: 0.5, waiting: true }), 82_000);
+    assert.equal(w.lastAction, "increase");
+    assert.equal(w.observe({ kvUsage: 0.3, kvUsagePeak: 0.3, hitRate: 0.5, waiting: true }), 82_000);
+    assert.equal(w.lastAction, "hold");
   });
 
   it("never cuts on an interval that measured no hit rate, nor on a good one", () => {
