@@ -10,7 +10,7 @@ import { followAbort } from "./abort.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
-import type { Reservation } from "./budget/token-budget.js";
+import { type Reservation, reservationTokens } from "./budget/token-budget.js";
 import { type Cancel, type Clock, realClock } from "./clock.js";
 import { type PolicyFeatures, policyFeatures } from "./config/policy-features.js";
 import {
@@ -453,16 +453,17 @@ export class Scheduler {
         promptTokens: call.tokens.length,
       });
       const uncached = Math.max(0, call.tokens.length - decision.predictedHitTokens);
+      // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
+      const hostHit = decision.predictedHostHitTokens ?? 0;
+      const gpuCached = decision.predictedHitTokens - hostHit;
       if (this.disaggregated) {
         if (hashes.length > 0) replica.thrashEvidence.sent(decision.predictedHitTokens, call.tokens.length);
         return await this.disaggregated.admit(
-          { req, ...call, prefill: replica, uncached, hashes, startedAt },
+          { req, ...call, prefill: replica, uncached, gpuCached, hashes, startedAt },
           holds,
         );
       }
-      // Loaded from host memory, a prefix is not computed but takes GPU blocks anew.
-      const hostHit = decision.predictedHostHitTokens ?? 0;
-      holds.reservation = this.reserveBudget(replica, call, uncached + hostHit);
+      holds.reservation = this.reserveBudget(replica, call, gpuCached);
       this.checkFeasibility(req, replica, call.lane, uncached, hostHit);
       holds.permit = await this.passGate(req, replica, call.lane, uncached);
       return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
@@ -569,19 +570,14 @@ export class Scheduler {
   }
 
   /**
-   * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV — its
-   * prompt tokens not in GPU memory as the router predicts them (computed, or
-   * loaded from host memory), plus max_tokens;
-   * blocks shared with a cached prefix are counted once, by the call that
-   * brought them. The whole call must still fit the ceiling less the guard band.
+   * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV (`reservationTokens`), given
+   * the prompt tokens the router predicts in its GPU memory (`gpuCached`); blocks shared with a
+   * cached prefix are counted once, by the call that brought them. The whole call must still fit
+   * the ceiling less the guard band.
    */
-  private reserveBudget(
-    replica: ReplicaRuntime,
-    call: CallPlan,
-    promptTokensAdded: number,
-  ): Reservation | null {
+  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, gpuCached: number): Reservation | null {
     if (!replica.budget) return null;
-    const reserve = promptTokensAdded + call.maxTokens;
+    const reserve = reservationTokens(call.tokens.length, gpuCached, call.maxTokens);
     return replica.budget.reserveOrRefuse(reserve, {
       queued: true,
       lane: call.lane,

@@ -20,6 +20,7 @@ export {
   type Reservation,
   type ReserveOptions,
   type ReserveOrRefuseOptions,
+  reservationTokens,
   TokenBudget,
   type TokenBudgetOptions,
   type TokenBudgetSnapshot,

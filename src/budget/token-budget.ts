@@ -67,6 +67,20 @@ function checkTokens(what: string, tokens: number): void {
 }
 
 /**
+ * What a call reserves on a replica (SPEC 5): what it adds to the replica's KV, its prompt less the
+ * prefix already in that replica's GPU memory (a prefix loaded from host memory takes GPU blocks
+ * anew), plus the output it may generate there. Placement asks whether this fits before choosing a
+ * replica; the scheduler reserves it after.
+ */
+export function reservationTokens(
+  promptTokens: number,
+  gpuCachedTokens: number,
+  outputTokens: number,
+): number {
+  return Math.max(0, promptTokens - gpuCachedTokens) + outputTokens;
+}
+
+/**
  * `available = ceiling − reserved(active) − reserved(queued) − guard band`.
  * Reservations never exceed `available` when taken; lowering the ceiling keeps
  * the reservations already held (admitted work is never revoked), so

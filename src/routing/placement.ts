@@ -3,6 +3,7 @@
  * Pure functions over a snapshot; the router owns the state (indexes, pins, busy marks).
  */
 
+import { reservationTokens } from "../budget/token-budget.js";
 import type { FleetPrefixIndex } from "./fleet-prefix-index.js";
 import type { PrefixIndex } from "./prefix-index.js";
 
@@ -273,10 +274,7 @@ export function keepPin(input: PlacementInput): Placement | undefined {
   return scored.ttftMs <= affinityBreakMs ? choice(scored, "pinned") : undefined;
 }
 
-/**
- * Whether a call fits a candidate's token budget now: it reserves its prompt less the part in GPU
- * memory (a host hit takes GPU blocks anew) plus `max_tokens`, as the scheduler reserves it.
- */
+/** Whether a call fits a candidate's token budget now, reserving what the scheduler will (`reservationTokens`). */
 function fitsBudget(
   candidate: PlacementCandidate,
   gpuHitTokens: number,
@@ -284,7 +282,7 @@ function fitsBudget(
   maxTokens: number,
 ): boolean {
   const available = candidate.budgetAvailableTokens;
-  return available === undefined || promptTokens - gpuHitTokens + maxTokens <= available;
+  return available === undefined || reservationTokens(promptTokens, gpuHitTokens, maxTokens) <= available;
 }
 
 /**

@@ -12,7 +12,7 @@
 
 import { followAbort } from "../abort.js";
 import { checkDeadline } from "../budget/feasibility.js";
-import type { Reservation } from "../budget/token-budget.js";
+import { type Reservation, reservationTokens } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { type DecodeCheck, LANE_DEFAULTS, type SchedulerConfig } from "../config/scheduler-config.js";
 import type { EngineResult, EngineSignals, EngineStream } from "../engine.js";
@@ -51,6 +51,8 @@ export interface RoutedCall {
   prefill: ReplicaRuntime;
   /** Uncached prompt tokens on the prefill replica, as the router predicts them. */
   uncached: number;
+  /** Prompt tokens the router predicts in the prefill replica's GPU memory (not loaded from its host tier). */
+  gpuCached: number;
   hashes: string[];
   /** When admission began (clock ms). */
   startedAt: number;
@@ -223,12 +225,15 @@ export class DisaggregatedPath {
     try {
       // The prefill side's budget: its uncached prompt and the one token it generates.
       if (prefill.budget) {
-        holds.reservation = prefill.budget.reserveOrRefuse(uncached + 1, {
-          queued: true,
-          lane,
-          callTokens: call.tokens.length + 1,
-          retryAfterSeconds: prefill.drainSeconds(prefill.running),
-        });
+        holds.reservation = prefill.budget.reserveOrRefuse(
+          reservationTokens(call.tokens.length, call.gpuCached, 1),
+          {
+            queued: true,
+            lane,
+            callTokens: call.tokens.length + 1,
+            retryAfterSeconds: prefill.drainSeconds(prefill.running),
+          },
+        );
       }
       this.checkDeadline(req, lane, arrivalInMs, prefill);
       // The predicted check's decode admission is whole before the prefill: with its room it takes its place at the

@@ -3,8 +3,16 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import fc from "fast-check";
-import { type Reservation, TokenBudget } from "../../src/budget/index.js";
+import { type Reservation, reservationTokens, TokenBudget } from "../../src/budget/index.js";
 import { Refusal } from "../../src/errors.js";
+
+describe("reservationTokens", () => {
+  it("is the prompt less its prefix in GPU memory, plus the output the call may generate", () => {
+    assert.equal(reservationTokens(14_000, 0, 4_000), 18_000);
+    assert.equal(reservationTokens(14_000, 10_000, 4_000), 8_000);
+    assert.equal(reservationTokens(14_000, 14_000, 1), 1, "a prefill replica's one token");
+  });
+});
 
 describe("TokenBudget", () => {
   it("reproduces the SPEC 5 worked example", () => {
