@@ -457,7 +457,6 @@ export class Scheduler {
       const hostHit = decision.predictedHostHitTokens ?? 0;
       const gpuCached = decision.predictedHitTokens - hostHit;
       if (this.disaggregated) {
-        if (hashes.length > 0) replica.thrashEvidence.sent(decision.predictedHitTokens, call.tokens.length);
         return await this.disaggregated.admit(
           { req, ...call, prefill: replica, uncached, gpuCached, hashes, startedAt },
           holds,
@@ -747,14 +746,15 @@ export class Scheduler {
         replica.callEnded();
         replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
-        // Evidence of thrash is what the cache lost of contexts the window held: a session that
-        // waited for its place (first, paused or dormant) was not held, and finding its cache gone
-        // after minutes away says nothing of W (on the Mooncake conversation trace such returns
-        // were most of the predicted hits lost).
         // Only a call this replica's evidence saw sent (not a decode leg, whose KV was handed over).
         const sentEpoch = held.thrashEpoch;
-        if (outcome === "ok" && result && sentEpoch !== undefined && (!session || session.stepHeldInWindow)) {
-          replica.thrashEvidence.ended(held.tokens.length - held.uncached, result.cachedTokens, sentEpoch);
+        if (outcome === "ok" && result && sentEpoch !== undefined) {
+          replica.settleThrashEvidence(
+            session,
+            held.tokens.length - held.uncached,
+            result.cachedTokens,
+            sentEpoch,
+          );
         }
         if (outcome === "ok" && replica.index) {
           const blockSize = this.config.blockSize;

@@ -610,6 +610,12 @@ export class DisaggregatedPath {
     const unlinkPaired = followAbort(paired?.signal, abort);
     let result: EngineResult;
     prefill.callStarted();
+    // Counted as sent, as on a replica that runs both phases: the prefill replica is where the
+    // session's window and prefix are, so what its cache delivers is the window's evidence.
+    const sentEpoch =
+      call.hashes.length > 0
+        ? prefill.thrashEvidence.sent(call.tokens.length - uncached, call.tokens.length)
+        : undefined;
     try {
       const stream = await prefill.generate({
         requestId: req.requestId,
@@ -644,6 +650,14 @@ export class DisaggregatedPath {
     if (req.signal?.aborted) throw req.signal.reason;
     const elapsed = this.ctx.clock.now() - startedAt;
     if (uncached > 0 && elapsed > 0) prefill.prefillRate.observe(uncached, elapsed);
+    if (sentEpoch !== undefined) {
+      prefill.settleThrashEvidence(
+        call.session,
+        call.tokens.length - uncached,
+        result.cachedTokens,
+        sentEpoch,
+      );
+    }
     this.ctx.recordPrefix(prefill, call.hashes);
     return result;
   }

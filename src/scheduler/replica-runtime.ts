@@ -12,6 +12,7 @@ import { BackendGate } from "../gate/backend-gate.js";
 import { DrainEstimator } from "../gate/drain-estimator.js";
 import type { FleetPrefixIndex } from "../routing/fleet-prefix-index.js";
 import { AimdWindow } from "../sessions/aimd-window.js";
+import type { SessionRecord } from "../sessions/session-admission.js";
 import { TokenWindow } from "../sessions/token-window.js";
 import { CacheTurnover } from "../signals/cache-turnover.js";
 import { HitRateMeter } from "../signals/hit-rate.js";
@@ -343,6 +344,25 @@ export class ReplicaRuntime {
   /** Conservative whole seconds (≥ 1) until `ahead` calls and this one have drained, from the completion rate. */
   drainSeconds(ahead: number): number {
     return this.completions.retryAfterSeconds(ahead + 1);
+  }
+
+  /**
+   * A call this replica's evidence saw sent (`thrashEvidence.sent` returned `sentEpoch`) ended well,
+   * the engine reporting `cachedTokens` of its prompt cached against `predictedHitTokens`.
+   *
+   * Evidence of thrash is what the cache lost of contexts the window held: a session step that
+   * waited for its place (first, paused or dormant) was not held, and finding its cache gone after
+   * minutes away says nothing of W (on the Mooncake conversation trace such returns were most of the
+   * predicted hits lost). A one-off call counts: it took its share of the cache beside the window.
+   */
+  settleThrashEvidence(
+    session: SessionRecord | undefined,
+    predictedHitTokens: number,
+    cachedTokens: number,
+    sentEpoch: number,
+  ): void {
+    if (session && !session.stepHeldInWindow) return;
+    this.thrashEvidence.ended(predictedHitTokens, cachedTokens, sentEpoch);
   }
 
   /** Current occupancy counters for leak checks. */

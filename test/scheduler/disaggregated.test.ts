@@ -4,9 +4,12 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { SimEngine } from "../../adapters/engines/sim/sim-engine.js";
 import { VirtualClock } from "../../src/clock.js";
-import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import { policyFeatures } from "../../src/config/policy-features.js";
+import { resolveSchedulerConfig, type SchedulerConfigInput } from "../../src/config/scheduler-config.js";
 import type { Engine, EngineCall, EngineSignals, EngineStream } from "../../src/engine.js";
 import { EngineError, Refusal } from "../../src/errors.js";
+import { DisaggregatedPath, type RoutedCall } from "../../src/scheduler/disaggregated-path.js";
+import { ReplicaRuntime } from "../../src/scheduler/replica-runtime.js";
 import { Scheduler } from "../../src/scheduler.js";
 import type { AdmittedCall, CallRequest, SchedulerEvents } from "../../src/types.js";
 
@@ -339,5 +342,72 @@ describe("disaggregated prefill and decode", () => {
     const d = new SimEngine({ id: "d", role: "decode", clock });
     assert.throws(() => new Scheduler({ engines: [p], clock }), /needs a decode replica/);
     assert.throws(() => new Scheduler({ engines: [p, d, b], clock }), /no replica of role both/);
+  });
+
+  it("counts what the prefill replica's cache delivered against the prefix predicted there, call by call, as the token window's evidence", async () => {
+    // The path alone, on real replicas: the scheduler's gate and holdings play no part in the evidence.
+    const clock = new VirtualClock();
+    const config = resolveSchedulerConfig({});
+    const features = policyFeatures(config.policy, config.window.unit);
+    const prefillSim = new SimEngine({ id: "prefill-0", role: "prefill", clock });
+    const prefill = new ReplicaRuntime(prefillSim, clock, config, features);
+    const decode = new ReplicaRuntime(
+      new SimEngine({ id: "decode-0", role: "decode", clock }),
+      clock,
+      config,
+      features,
+    );
+    const path = new DisaggregatedPath({
+      clock,
+      config,
+      decodeReplicas: [decode],
+      passGate: async () => null,
+      holdings: () => ({ firstToken: () => undefined, finish: () => undefined }),
+      recordPrefix: () => undefined,
+      emit: () => undefined,
+    });
+    const prompt = tokens(4096);
+    const send = async (predictedHitTokens: number) => {
+      const call: RoutedCall = {
+        req: request(prompt, 8),
+        model: prefillSim.model,
+        tokens: prompt,
+        maxTokens: 8,
+        lane: "interactive",
+        session: undefined,
+        prefill,
+        uncached: prompt.length - predictedHitTokens,
+        gpuCached: predictedHitTokens,
+        hashes: ["a chained block hash"],
+        startedAt: clock.now(),
+      };
+      const admitted = await run(clock, path.admit(call, { reservation: null, permit: null, inflight: 0 }));
+      await run(clock, drain(admitted));
+    };
+    await send(0);
+    // The prompt's blocks are cached on the prefill replica: predicted, and delivered.
+    await send(4032);
+    const computedBefore = prefillSim.stats().prefillTokens;
+    assert.ok(computedBefore < 2 * 4096, "the second prefill found the prompt cached");
+    // The cache loses them behind the router's back (every free block taken and given back).
+    const pool = prefillSim.poolOf(0);
+    const taken: number[] = [];
+    while (pool.freeBlocks() > 0) taken.push(pool.allocate());
+    pool.release(taken);
+    await send(4032);
+    prefill.thrashEvidence.close(undefined, 0.95);
+    const reading = prefill.thrashEvidence.read(0);
+    assert.equal(
+      prefillSim.stats().prefillTokens - computedBefore,
+      4096,
+      "the third prefill computed the whole prompt again",
+    );
+    assert.equal(reading.predicted, (4032 * 2) / (4096 * 3));
+    assert.ok(reading.delivered !== undefined, "the prefill replica's evidence reads the calls it ran");
+    assert.ok(
+      Math.abs(reading.delivered - 0.5) < 0.02,
+      `half the predicted hits delivered, got ${reading.delivered}`,
+    );
+    assert.equal(path.outstanding(), 0);
   });
 });
