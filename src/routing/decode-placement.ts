@@ -85,14 +85,24 @@ export function transferMs(tokens: number, tokensPerSecond: number): number {
  * `promptTokens + min(k, maxTokens)` from now on, which is at least what it
  * holds at every step whenever it arrives. Between two departures the total
  * only grows, so the peak is just before one of them, or at the end.
+ *
+ * One sweep over both lists sorted by when they stop growing, O((d + j) log(d + j)): the steps
+ * looked at only move forward, so the joining calls' total at each is kept, not summed again.
  */
 export function peakKvTokens(decoding: readonly DecodingCall[], joining: readonly ComingCall[]): number {
-  const joiningAt = (k: number) => {
-    let sum = 0;
-    for (const j of joining) sum += j.promptTokens + Math.min(k, j.maxTokens);
-    return sum;
-  };
   const byEnd = [...decoding].sort((a, b) => a.remainingTokens - b.remainingTokens);
+  const byMax = [...joining].sort((a, b) => a.maxTokens - b.maxTokens);
+  // The joining calls at step k hold their prompts, the whole output of those whose max_tokens is
+  // at most k, and k tokens each of the others.
+  let joinedPrompts = 0;
+  for (const j of byMax) joinedPrompts += j.promptTokens;
+  let fullOutputs = 0;
+  let grown = 0;
+  const joiningAt = (k: number) => {
+    while (grown < byMax.length && byMax[grown]!.maxTokens <= k) fullOutputs += byMax[grown++]!.maxTokens;
+    const stillGrowing = byMax.length - grown;
+    return joinedPrompts + fullOutputs + (stillGrowing > 0 ? stillGrowing * k : 0);
+  };
   let aliveKv = 0;
   for (const call of byEnd) aliveKv += call.kvTokens;
   let peak = aliveKv + joiningAt(0);

@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import fc from "fast-check";
 import {
   chooseDecode,
   type DecodeCandidate,
@@ -112,6 +113,34 @@ describe("peakKvTokens", () => {
     assert.equal(peakKvTokens(tied, []), 35);
     assert.equal(peakKvTokens(tied.slice(0, 2), []), 10 + 2 + 20 + 2);
     assert.equal(peakKvTokens([{ kvTokens: 50, remainingTokens: 0 }], []), 50);
+  });
+
+  it("equals the largest total over every step, counted step by step", () => {
+    // Step k: a decoding call holds kvTokens + k while k < remainingTokens (its KV now at k = 0),
+    // a joining one promptTokens + min(k, maxTokens).
+    const stepByStep = (decoding: DecodingCall[], joining: { promptTokens: number; maxTokens: number }[]) => {
+      const last = Math.max(0, ...decoding.map((c) => c.remainingTokens), ...joining.map((j) => j.maxTokens));
+      let peak = 0;
+      for (let k = 0; k <= last; k++) {
+        let total = 0;
+        for (const c of decoding) if (k === 0 || k < c.remainingTokens) total += c.kvTokens + k;
+        for (const j of joining) total += j.promptTokens + Math.min(k, j.maxTokens);
+        peak = Math.max(peak, total);
+      }
+      return peak;
+    };
+    const decodingCall = fc.record({ kvTokens: fc.nat(5_000), remainingTokens: fc.nat(60) });
+    const joiningCall = fc.record({ promptTokens: fc.nat(5_000), maxTokens: fc.nat(60) });
+    fc.assert(
+      fc.property(
+        fc.array(decodingCall, { maxLength: 12 }),
+        fc.array(joiningCall, { maxLength: 12 }),
+        (d, j) => {
+          assert.equal(peakKvTokens(d, j), stepByStep(d, j));
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 });
 
