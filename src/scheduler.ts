@@ -176,6 +176,7 @@ export class Scheduler {
       idleTimeoutMs: this.config.sessions.idleTimeoutMs,
       unit: this.features.window ?? "sessions",
       retentionQuantile: this.config.sessions.retentionQuantile,
+      blockTokens: this.config.blockSize,
       retryAfterSeconds: () => this.sessionRetryAfter(),
       onEvent: (id, event, replica) => this.emit("session", { id, event, replica }),
       onRetention: (replica, retentionMs, source) => this.emit("retention", { replica, retentionMs, source }),
@@ -494,6 +495,7 @@ export class Scheduler {
       promptTokens: tokens.length,
       maxTokens: call.maxTokens,
       expectedIdleMs: req.expectedIdleMs,
+      promptBlocks: hashes,
     };
     if (!session || this.features.window === null) {
       const placed = this.route(call, hashes, eligible);

@@ -29,6 +29,9 @@ export type SessionPlace =
   | { readonly state: "paused" | "dormant"; readonly replica: string; readonly since: number }
   | { readonly state: "closed"; readonly replica: string | null };
 
+/** No prompt blocks known (before a step, or counted nowhere). */
+const NO_BLOCKS: readonly string[] = Object.freeze([]);
+
 /** One session as the admission layer tracks it. */
 export class SessionRecord {
   /** Where it stands; changed only by `SessionAdmission`'s transitions. */
@@ -85,6 +88,11 @@ export class SessionRecord {
   /** Context tokens it counts for in `hostOn`'s host tier now (0 when not counted). */
   hostHeld = 0;
   hostOn: ReplicaSlots | null = null;
+  /** Chained block hashes of its latest prompt (the router's), for a prefix sessions share to count once. */
+  promptBlocks: readonly string[] = NO_BLOCKS;
+  /** The blocks counted in `blocksOn`'s shared-prefix counts now, and where. */
+  countedBlocks: readonly string[] = NO_BLOCKS;
+  blocksOn: ReplicaSlots | null = null;
 
   constructor(
     readonly id: string,
@@ -129,6 +137,11 @@ export interface StepDemand {
   maxTokens: number;
   /** How long the client expects to be away after this step, ms (`x-sluice-expected-idle-ms`). */
   expectedIdleMs?: number | undefined;
+  /**
+   * Chained hashes of the prompt's blocks (`blockTokens` each, as the router hashes them): a
+   * prefix several sessions on a replica share (a system prompt) counts once in its window.
+   */
+  promptBlocks?: readonly string[] | undefined;
 }
 
 interface StepWaiter {
@@ -169,6 +182,10 @@ interface ReplicaSlots {
   turnoverMs: number;
   /** Context tokens of its paused and dormant sessions counted as retained in host memory (≤ `hostRoom`). */
   hostHeld: number;
+  /** How many of its counted sessions' prompts hold each block (token window). */
+  readonly blockRefs: Map<string, number>;
+  /** Tokens of prompt blocks counted in `held` more than once: `held` less this is what the window holds. */
+  sharedTokens: number;
 }
 
 export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
@@ -185,6 +202,8 @@ export interface SessionAdmissionOptions {
   unit?: AdmissionUnit;
   /** Quantile of idle gaps taken as a retention time (0–1]. Default 0.9. */
   retentionQuantile?: number;
+  /** Tokens per block of a step's `promptBlocks`. Default 0: a shared prefix counts in every session. */
+  blockTokens?: number;
   /** Most sessions remembered at once (open or closed); the least recently used beyond it are dropped. */
   maxSessions?: number;
   /** Estimated seconds until a slot frees, for Retry-After. */
@@ -222,6 +241,8 @@ export interface AdmissionCounts {
   paused: number;
   runningSteps: number;
   queuedSteps: number;
+  /** Prompt blocks counted in the token windows' shared-prefix counts (0 once no session is counted). */
+  promptBlocks: number;
 }
 
 /** Own idle gaps remembered per session; the fleet's. */
@@ -247,6 +268,7 @@ export class SessionAdmission {
   private readonly options: SessionAdmissionOptions;
   private readonly unit: AdmissionUnit;
   private readonly retentionQuantile: number;
+  private readonly blockTokens: number;
   private readonly maxSessions: number;
   private readonly replicas = new Map<string, ReplicaSlots>();
   /** Every session, least recently touched first (re-inserted on touch), closed ones until they age out. */
@@ -264,6 +286,7 @@ export class SessionAdmission {
     this.clock = options.clock;
     this.unit = options.unit ?? "sessions";
     this.retentionQuantile = options.retentionQuantile ?? 0.9;
+    this.blockTokens = options.blockTokens ?? 0;
     this.maxSessions = options.maxSessions ?? 100_000;
   }
 
@@ -283,6 +306,8 @@ export class SessionAdmission {
       hostRoom: 0,
       hostHeld: 0,
       turnoverMs: Number.POSITIVE_INFINITY,
+      blockRefs: new Map(),
+      sharedTokens: 0,
     });
   }
 
@@ -568,7 +593,9 @@ export class SessionAdmission {
       paused: 0,
       runningSteps: 0,
       queuedSteps: 0,
+      promptBlocks: 0,
     };
+    for (const slots of this.replicas.values()) counts.promptBlocks += slots.blockRefs.size;
     for (const session of this.sessions.values()) {
       if (session.state === "closed") continue;
       counts.total++;
@@ -605,7 +632,7 @@ export class SessionAdmission {
     return {
       size: tokens ? (slots.size === null ? null : slots.holders) : slots.size,
       sizeTokens: tokens ? slots.size : null,
-      footprintTokens: tokens ? slots.held : null,
+      footprintTokens: tokens ? occupied(slots) : null,
       hostRetainedTokens: slots.hostHeld,
       active: slots.active.length,
       idle,
@@ -646,7 +673,7 @@ export class SessionAdmission {
       if (waiter.session.evacuated) paused += tokenFootprint(waiter.session);
       else waiting += tokenFootprint(waiter.session);
     }
-    return { active: slots.held, paused, waiting };
+    return { active: occupied(slots), paused, waiting };
   }
 
   /** The largest footprint among a replica's active sessions, tokens (the token law's floor). */
@@ -701,6 +728,7 @@ export class SessionAdmission {
     if (demand) {
       session.demandTokens = Math.max(session.demandTokens, demand.promptTokens + demand.maxTokens);
       session.expectedIdleMs = demand.expectedIdleMs;
+      if (demand.promptBlocks) session.promptBlocks = demand.promptBlocks;
     }
     this.account(session);
   }
@@ -739,9 +767,13 @@ export class SessionAdmission {
   private fits(slots: ReplicaSlots, session: SessionRecord | undefined): boolean {
     if (!slots.accepting) return false;
     if (slots.size === null) return true;
-    const own = session && session.heldOn === slots ? session.held : 0;
+    const counted = session !== undefined && session.heldOn === slots;
+    const own = counted ? session.held : 0;
     const need = session ? this.footprint(session) : 1;
-    if (slots.held - own + need <= slots.size) return true;
+    // A session counted here has its blocks counted already; one coming in shares the prefix the
+    // window's sessions hold.
+    const shared = session && !counted ? Math.min(need, this.sharedPrefixTokens(slots, session)) : 0;
+    if (occupied(slots) - own + need - shared <= slots.size) return true;
     // A session larger than the token window is admitted alone, so nothing starves.
     return this.unit === "tokens" && slots.holders - (own > 0 ? 1 : 0) === 0;
   }
@@ -812,6 +844,7 @@ export class SessionAdmission {
       slots.held += amount;
       slots.holders++;
     }
+    this.countBlocks(session, this.unit === "tokens" ? slots : undefined);
     const requested =
       session.pauseRequested && session.replica !== null
         ? (this.replicas.get(session.replica) ?? null)
@@ -827,6 +860,55 @@ export class SessionAdmission {
     session.hostHeld = hostSlots ? session.tokens : 0;
     session.hostOn = hostSlots ?? null;
     if (hostSlots) hostSlots.hostHeld += session.hostHeld;
+  }
+
+  /**
+   * Keeps `blocksOn`'s counts of the prompt blocks its counted sessions hold in step with `session`,
+   * counted on `slots` (undefined: nowhere). A prompt that extends the last one (the usual next
+   * step) changes only its new blocks: chained hashes that match match all the way back.
+   */
+  private countBlocks(session: SessionRecord, slots: ReplicaSlots | undefined): void {
+    const to = slots && this.blockTokens > 0 ? slots : null;
+    const blocks = to ? session.promptBlocks : NO_BLOCKS;
+    const from = session.blocksOn;
+    const counted = session.countedBlocks;
+    if (from === to && counted === blocks) return;
+    let same = 0;
+    if (from === to) {
+      const n = Math.min(counted.length, blocks.length);
+      while (same < n && counted[same] === blocks[same]) same++;
+    }
+    if (from) {
+      for (let i = same; i < counted.length; i++) {
+        const hash = counted[i]!;
+        const refs = from.blockRefs.get(hash) ?? 0;
+        if (refs > 1) {
+          from.blockRefs.set(hash, refs - 1);
+          from.sharedTokens -= this.blockTokens;
+        } else from.blockRefs.delete(hash);
+      }
+    }
+    if (to) {
+      for (let i = same; i < blocks.length; i++) {
+        const hash = blocks[i]!;
+        const refs = to.blockRefs.get(hash) ?? 0;
+        if (refs > 0) to.sharedTokens += this.blockTokens;
+        to.blockRefs.set(hash, refs + 1);
+      }
+    }
+    session.countedBlocks = blocks;
+    session.blocksOn = to;
+  }
+
+  /** Tokens of `session`'s prompt held already by the sessions `slots` counts: its leading blocks found there. */
+  private sharedPrefixTokens(slots: ReplicaSlots, session: SessionRecord): number {
+    if (this.blockTokens === 0 || slots.blockRefs.size === 0) return 0;
+    let blocks = 0;
+    for (const hash of session.promptBlocks) {
+      if (!slots.blockRefs.has(hash)) break;
+      blocks++;
+    }
+    return blocks * this.blockTokens;
   }
 
   /** Whether the context of `session`, leaving the token window, fits what is left of the replica's host tier. */
@@ -866,9 +948,9 @@ export class SessionAdmission {
 
   /** The window holds more than its size: choose who leaves at their next step boundary. */
   private enforce(slots: ReplicaSlots): void {
-    if (slots.size === null || slots.held <= slots.size) return;
+    if (slots.size === null || occupied(slots) <= slots.size) return;
     for (const session of this.leaveOrder(slots)) {
-      if (slots.held <= slots.size) break;
+      if (occupied(slots) <= slots.size) break;
       // A lone session is never asked to leave the token window: nothing would run.
       if (this.unit === "tokens" && slots.holders <= 1) break;
       if (session.pauseRequested) continue;
@@ -962,7 +1044,7 @@ export class SessionAdmission {
           if (!session.pauseRequested) continue;
           requestPause(session, false);
           this.account(session);
-          if (slots.size !== null && slots.held > slots.size) {
+          if (slots.size !== null && occupied(slots) > slots.size) {
             requestPause(session, true);
             this.account(session);
             break;
@@ -1134,6 +1216,11 @@ export class SessionAdmission {
     this.options.onEvent?.(session.id, "closed", session.replica);
     if (refill) this.fill();
   }
+}
+
+/** What a replica's window holds: its counted footprints, a prompt prefix its sessions share counted once. */
+function occupied(slots: ReplicaSlots): number {
+  return slots.held - slots.sharedTokens;
 }
 
 /**

@@ -707,6 +707,30 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("admits a session whose prompt shares the window's system prompt by its own part only", async () => {
+    // W of 20,000 tokens; each session's first step is its 12,000-token prompt plus 50 output tokens.
+    const { clock, scheduler } = fleet(1, { window: { initialTokens: 20_000 } });
+    const system = tokens(8_000, 1_000_000);
+    const prompt = (owner: number) => [...system, ...tokens(4_000, owner * 10_000)];
+    const a = await run(
+      clock,
+      scheduler.submit(request({ sessionId: "a", input: { kind: "tokens", tokens: prompt(1) } })),
+    );
+    const b = await run(
+      clock,
+      scheduler.submit(request({ sessionId: "b", input: { kind: "tokens", tokens: prompt(2) } })),
+    );
+    const window = scheduler.state().replicas[0]!.window;
+    assert.equal(window.active, 2, "12,050 + 12,050 > 20,000, but 8,000 of each are the same 125 blocks");
+    assert.equal(window.footprintTokens, 2 * 12_050 - 8_000);
+    await run(clock, drain(a));
+    await run(clock, drain(b));
+    scheduler.closeSession("a");
+    scheduler.closeSession("b");
+    assert.equal(scheduler.state().replicas[0]!.window.footprintTokens, 0);
+    assertIdle(scheduler);
+  });
+
   it("makes a waiting session's step wait for a slot and time out with 429 queue_timeout", async () => {
     const { clock, scheduler } = fleet(1, {
       window: { unit: "sessions", initial: 1, max: 1 },

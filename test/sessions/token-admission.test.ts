@@ -67,6 +67,55 @@ describe("token window admission", () => {
     assert.equal(admission.replicaCounts("r1").size, 1);
   });
 
+  it("counts a prompt prefix its sessions share on a replica once (a system prompt), and forgets it with them", async () => {
+    const { admission, first } = setup({ blockTokens: 100 });
+    const system = Array.from({ length: 20 }, (_, i) => `system-${i}`);
+    const blocks = (owner: string, total: number) => [
+      ...system,
+      ...Array.from({ length: total - system.length }, (_, i) => `${owner}-${i}`),
+    ];
+    const a = admission.open("a");
+    const b = admission.open("b");
+    await admission.acquireStep(a, first, undefined, { ...demand(5_000), promptBlocks: blocks("a", 50) });
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 5_000);
+    // 5,000 + 6,000 > 10,000, but their first 2,000 tokens are the same blocks: 9,000 fits.
+    assert.equal(
+      await admission.acquireStep(b, first, undefined, { ...demand(6_000), promptBlocks: blocks("b", 60) }),
+      "r1",
+    );
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 9_000);
+    // The next step extends b's prompt: only its new blocks are counted, the shared ones stay shared.
+    admission.endStep(b, { completed: true, contextTokens: 6_000 });
+    await admission.acquireStep(b, first, undefined, { ...demand(7_000), promptBlocks: blocks("b", 70) });
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 5_000 + 7_000 - 2_000);
+    admission.endStep(b, { completed: true, contextTokens: 7_000 });
+    admission.close("a");
+    assert.equal(admission.replicaCounts("r1").footprintTokens, tokenFootprint(b), "alone, b shares nothing");
+    admission.close("b");
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 0);
+    assert.equal(admission.counts().promptBlocks, 0);
+    // Without block sizes the prefix counts in every session.
+    const plain = setup();
+    const c = plain.admission.open("c");
+    await plain.admission.acquireStep(c, plain.first, undefined, {
+      ...demand(5_000),
+      promptBlocks: blocks("c", 50),
+    });
+    const d = plain.admission.open("d");
+    let admitted = false;
+    plain.admission
+      .acquireStep(d, plain.first, undefined, { ...demand(6_000), promptBlocks: blocks("d", 60) })
+      .then(() => {
+        admitted = true;
+      });
+    await settle();
+    assert.equal(admitted, false);
+    plain.admission.close("c");
+    await settle();
+    assert.equal(admitted, true);
+    plain.admission.close("d");
+  });
+
   it("counts a footprint by its learned growth once a step has grown the context", async () => {
     const { admission, first } = setup({}, { r1: 100_000 });
     const a = admission.open("a");
@@ -258,14 +307,21 @@ describe("token window admission", () => {
             op: fc.constantFrom("step", "end", "close", "tick", "shrink", "grow", "abort"),
             size: fc.integer({ min: 100, max: 30_000 }),
             advance: fc.integer({ min: 0, max: 20_000 }),
+            // Which history the prompt carries after its shared opening: a step may rewrite it.
+            history: fc.integer({ min: 0, max: 1 }),
           }),
           { minLength: 1, maxLength: 60 },
         ),
         async (ops) => {
           const { clock, admission } = setup(
-            { waitLimitMs: 30_000, queueLimit: 4 },
+            { waitLimitMs: 30_000, queueLimit: 4, blockTokens: 100 },
             { r1: 40_000, r2: 20_000 },
           );
+          // Every prompt opens with the same ten blocks; the rest are its session's own.
+          const promptBlocks = (id: string, tokens: number, history: number) =>
+            Array.from({ length: Math.floor(tokens / 100) }, (_, i) =>
+              i < 10 ? `system-${i}` : `${id}-${history}-${i}`,
+            );
           const sizes: Record<string, number> = { r1: 40_000, r2: 20_000 };
           const resize = (id: string, size: number) => {
             sizes[id] = size;
@@ -285,18 +341,23 @@ describe("token window admission", () => {
               }
             }
           };
-          for (const { session: n, op, size, advance } of ops) {
+          for (const { session: n, op, size, advance, history } of ops) {
             const id = `s${n}`;
             const session = admission.get(id) ?? admission.open(id);
             if (op === "step" && session.state !== "closed") {
               const controller = new AbortController();
               controllers.push(controller);
               settled.push(
-                admission.acquireStep(session, placed, controller.signal, demand(size, 100)).then(
-                  () => admission.endStep(session, { completed: true, contextTokens: size + 50 }),
-                  (error: unknown) =>
-                    assert.ok(error instanceof Refusal || (error as Error).name === "AbortError"),
-                ),
+                admission
+                  .acquireStep(session, placed, controller.signal, {
+                    ...demand(size, 100),
+                    promptBlocks: promptBlocks(id, size, history),
+                  })
+                  .then(
+                    () => admission.endStep(session, { completed: true, contextTokens: size + 50 }),
+                    (error: unknown) =>
+                      assert.ok(error instanceof Refusal || (error as Error).name === "AbortError"),
+                  ),
               );
             } else if (op === "close") admission.close(id);
             else if (op === "shrink") resize("r1", Math.max(1_000, size));
@@ -319,8 +380,15 @@ describe("token window admission", () => {
           for (let i = 0; i < 8; i++) admission.close(`s${i}`);
           const counts = admission.counts();
           assert.deepEqual(
-            [counts.active, counts.paused, counts.dormant, counts.queuedSteps, counts.runningSteps],
-            [0, 0, 0, 0, 0],
+            [
+              counts.active,
+              counts.paused,
+              counts.dormant,
+              counts.queuedSteps,
+              counts.runningSteps,
+              counts.promptBlocks,
+            ],
+            [0, 0, 0, 0, 0, 0],
           );
           for (const id of ["r1", "r2"]) assert.equal(admission.replicaCounts(id).footprintTokens, 0);
         },
