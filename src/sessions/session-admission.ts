@@ -770,10 +770,17 @@ export class SessionAdmission {
     const counted = session !== undefined && session.heldOn === slots;
     const own = counted ? session.held : 0;
     const need = session ? this.footprint(session) : 1;
+    const after = occupied(slots) - own + need;
+    if (after <= slots.size) return true;
     // A session counted here has its blocks counted already; one coming in shares the prefix the
-    // window's sessions hold.
-    const shared = session && !counted ? Math.min(need, this.sharedPrefixTokens(slots, session)) : 0;
-    if (occupied(slots) - own + need - shared <= slots.size) return true;
+    // window's sessions hold (looked up only when it matters: a fleet checks every replica).
+    if (
+      session &&
+      !counted &&
+      after - Math.min(need, this.sharedPrefixTokens(slots, session)) <= slots.size
+    ) {
+      return true;
+    }
     // A session larger than the token window is admitted alone, so nothing starves.
     return this.unit === "tokens" && slots.holders - (own > 0 ? 1 : 0) === 0;
   }
