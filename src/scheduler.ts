@@ -1054,6 +1054,7 @@ export class Scheduler {
         size: counts.size,
         sizeTokens: counts.sizeTokens,
         footprintTokens: counts.footprintTokens,
+        sharedPrefixTokens: counts.sharedPrefixTokens,
         active: counts.active,
         idle: counts.idle,
         dormant: counts.dormant,

@@ -133,13 +133,16 @@ export interface ReplicaState {
    * Session window. `unit` null: the policy has none. `size` is W for the
    * session-count law and the count of sessions the window holds for the token
    * window; `sizeTokens` is the token window W, `footprintTokens` the sum of its
-   * active sessions' footprints (null for the session-count law).
+   * active sessions' footprints and `sharedPrefixTokens` the prompt-block tokens in
+   * that sum counted more than once (a shared system prompt), so the window holds
+   * their difference (both null for the session-count law).
    */
   window: {
     unit: "tokens" | "sessions" | null;
     size: number | null;
     sizeTokens: number | null;
     footprintTokens: number | null;
+    sharedPrefixTokens: number | null;
     /** Active sessions (running a step or idle between steps). */
     active: number;
     /** Active sessions between steps. */

@@ -221,7 +221,13 @@ export interface ReplicaWindowCounts {
   /** W for the session-count law; the count of sessions the window holds for the token window. */
   size: number | null;
   sizeTokens: number | null;
+  /** Sum of the active sessions' footprints (SPEC 12's `sluice_session_footprint_tokens`). */
   footprintTokens: number | null;
+  /**
+   * Of that sum, prompt-block tokens counted in more than one session (a shared system prompt):
+   * the window holds `footprintTokens − sharedPrefixTokens` against W.
+   */
+  sharedPrefixTokens: number | null;
   /** Context tokens of paused and dormant sessions counted as retained in the replica's host-memory tier. */
   hostRetainedTokens: number;
   active: number;
@@ -615,6 +621,7 @@ export class SessionAdmission {
         size: null,
         sizeTokens: null,
         footprintTokens: null,
+        sharedPrefixTokens: null,
         hostRetainedTokens: 0,
         active: 0,
         idle: 0,
@@ -632,7 +639,8 @@ export class SessionAdmission {
     return {
       size: tokens ? (slots.size === null ? null : slots.holders) : slots.size,
       sizeTokens: tokens ? slots.size : null,
-      footprintTokens: tokens ? occupied(slots) : null,
+      footprintTokens: tokens ? slots.held : null,
+      sharedPrefixTokens: tokens ? slots.sharedTokens : null,
       hostRetainedTokens: slots.hostHeld,
       active: slots.active.length,
       idle,

@@ -28,6 +28,7 @@ export function replicaState(id: string, window: Partial<ReplicaState["window"]>
       size: 4,
       sizeTokens: 64_000,
       footprintTokens: 52_000,
+      sharedPrefixTokens: 0,
       active: 4,
       idle: 1,
       dormant: 2,

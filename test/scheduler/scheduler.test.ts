@@ -722,7 +722,8 @@ describe("scheduler request path", () => {
     );
     const window = scheduler.state().replicas[0]!.window;
     assert.equal(window.active, 2, "12,050 + 12,050 > 20,000, but 8,000 of each are the same 125 blocks");
-    assert.equal(window.footprintTokens, 2 * 12_050 - 8_000);
+    assert.equal(window.footprintTokens, 2 * 12_050, "SPEC 12: the sum of the footprints");
+    assert.equal(window.sharedPrefixTokens, 8_000, "of which the shared prefix the window holds once");
     await run(clock, drain(a));
     await run(clock, drain(b));
     scheduler.closeSession("a");

@@ -77,20 +77,30 @@ describe("token window admission", () => {
     const a = admission.open("a");
     const b = admission.open("b");
     await admission.acquireStep(a, first, undefined, { ...demand(5_000), promptBlocks: blocks("a", 50) });
-    assert.equal(admission.replicaCounts("r1").footprintTokens, 5_000);
+    const held = () => {
+      const counts = admission.replicaCounts("r1");
+      return counts.footprintTokens! - counts.sharedPrefixTokens!;
+    };
+    assert.equal(held(), 5_000);
     // 5,000 + 6,000 > 10,000, but their first 2,000 tokens are the same blocks: 9,000 fits.
     assert.equal(
       await admission.acquireStep(b, first, undefined, { ...demand(6_000), promptBlocks: blocks("b", 60) }),
       "r1",
     );
-    assert.equal(admission.replicaCounts("r1").footprintTokens, 9_000);
+    assert.deepEqual(
+      [admission.replicaCounts("r1").footprintTokens, admission.replicaCounts("r1").sharedPrefixTokens],
+      [11_000, 2_000],
+      "each footprint whole, the shared blocks counted once besides",
+    );
+    assert.equal(held(), 9_000);
     // The next step extends b's prompt: only its new blocks are counted, the shared ones stay shared.
     admission.endStep(b, { completed: true, contextTokens: 6_000 });
     await admission.acquireStep(b, first, undefined, { ...demand(7_000), promptBlocks: blocks("b", 70) });
-    assert.equal(admission.replicaCounts("r1").footprintTokens, 5_000 + 7_000 - 2_000);
+    assert.equal(held(), 5_000 + 7_000 - 2_000);
     admission.endStep(b, { completed: true, contextTokens: 7_000 });
     admission.close("a");
-    assert.equal(admission.replicaCounts("r1").footprintTokens, tokenFootprint(b), "alone, b shares nothing");
+    assert.equal(held(), tokenFootprint(b), "alone, b shares nothing");
+    assert.equal(admission.replicaCounts("r1").sharedPrefixTokens, 0);
     admission.close("b");
     assert.equal(admission.replicaCounts("r1").footprintTokens, 0);
     assert.equal(admission.counts().promptBlocks, 0);
@@ -335,8 +345,8 @@ describe("token window admission", () => {
               const counts = admission.replicaCounts(id);
               if (counts.size !== null && counts.size > 1) {
                 assert.ok(
-                  counts.footprintTokens! <= counts.sizeTokens!,
-                  `${id}: ${counts.footprintTokens} > W`,
+                  counts.footprintTokens! - counts.sharedPrefixTokens! <= counts.sizeTokens!,
+                  `${id}: ${counts.footprintTokens} less ${counts.sharedPrefixTokens} shared > W`,
                 );
               }
             }
@@ -390,7 +400,10 @@ describe("token window admission", () => {
             ],
             [0, 0, 0, 0, 0, 0],
           );
-          for (const id of ["r1", "r2"]) assert.equal(admission.replicaCounts(id).footprintTokens, 0);
+          for (const id of ["r1", "r2"]) {
+            assert.equal(admission.replicaCounts(id).footprintTokens, 0);
+            assert.equal(admission.replicaCounts(id).sharedPrefixTokens, 0);
+          }
         },
       ),
       { numRuns: 300 },
