@@ -275,7 +275,8 @@
         name: `${id} footprints`,
         color: "#58a6ff",
         dash: dashFor(i),
-        points: pick(id, (r) => r.footprintTokens),
+        // What the window compares with W: a prompt prefix its sessions share counts once.
+        points: pick(id, (r) => r.heldTokens),
       });
     });
     const hasTokenWindow = windowSeries.some((series) => series.points.length > 0);
@@ -547,6 +548,7 @@
       "hit rate",
       "W tokens",
       "footprints",
+      "shared prefix",
       "in window",
       "active",
       "idle",
@@ -579,6 +581,7 @@
       cell(row, unread.includes("prefixCache") ? "unknown" : `${(r.signals.hitRate * 100).toFixed(1)}%`);
       cell(row, w.sizeTokens === null ? "—" : String(w.sizeTokens));
       cell(row, w.footprintTokens === null ? "—" : String(w.footprintTokens));
+      cell(row, w.sharedPrefixTokens === null ? "—" : String(w.sharedPrefixTokens));
       cell(row, w.size === null ? "—" : String(w.size));
       for (const k of Object.keys(sums)) {
         sums[k] += w[k] ?? 0;
@@ -604,7 +607,7 @@
       const row = document.createElement("tr");
       row.className = className;
       cell(row, label);
-      for (let i = 0; i < 6; i++) cell(row, "");
+      for (let i = 0; i < 7; i++) cell(row, "");
       for (const k of Object.keys(sums)) cell(row, String(counts[k]));
       for (let i = 0; i < 6; i++) cell(row, "");
       table.appendChild(row);

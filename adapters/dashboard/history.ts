@@ -17,7 +17,10 @@ export interface ReplicaSample {
   kvUsage: number;
   hitRate: number;
   windowTokens: number | null;
+  /** The sum of active sessions' footprints (SPEC 12's gauge). */
   footprintTokens: number | null;
+  /** What those footprints hold of W: their sum less the shared prompt prefix counted more than once. */
+  heldTokens: number | null;
   windowSessions: number | null;
   active: number;
   idle: number;
@@ -220,6 +223,10 @@ export class StateHistory {
         hitRate: r.signals.hitRate,
         windowTokens: r.window.sizeTokens,
         footprintTokens: r.window.footprintTokens,
+        heldTokens:
+          r.window.footprintTokens === null
+            ? null
+            : r.window.footprintTokens - (r.window.sharedPrefixTokens ?? 0),
         windowSessions: r.window.size,
         active: r.window.active,
         idle: r.window.idle,

@@ -76,7 +76,7 @@ export function renderDashboard(options: DashboardOptions): string {
 <div id="error" role="alert"></div>
 <main>
   <section class="panel" id="panel-window"><h2>Token window W vs footprints, per replica</h2>
-    <p class="note">Yellow steps: W (tokens the window lets active sessions hold). Blue: the sum of active sessions' footprints. A session waits when its footprint does not fit W − footprints. Line style tells replicas apart.</p>
+    <p class="note">Yellow steps: W (tokens the window lets active sessions hold). Blue: what active sessions' footprints hold of W, a prompt prefix they share counted once (the table's footprints less its shared prefix). A session waits when its footprint does not fit what is left. Line style tells replicas apart.</p>
     <p class="note" id="window-note"></p>
     <div class="chart-slot"></div></section>
   <section class="panel" id="panel-sessions"><h2>Sessions by state, per replica</h2>

@@ -20,7 +20,14 @@ let url: string;
 let history: StateHistory;
 const scheduler = new StubScheduler([
   replicaState("gpu-a"),
-  replicaState("gpu-b", { sizeTokens: 48_000, footprintTokens: 47_500, waiting: 3, dormant: 0 }),
+  // A system prompt two of its sessions share: 8,000 of the footprints' tokens are counted twice.
+  replicaState("gpu-b", {
+    sizeTokens: 48_000,
+    footprintTokens: 47_500,
+    sharedPrefixTokens: 8_000,
+    waiting: 3,
+    dormant: 0,
+  }),
 ]);
 // One session waits before any replica was chosen for it: the header and the table must still agree.
 scheduler.current.sessions = StubScheduler.totals(scheduler.current.replicas, 1);
@@ -118,6 +125,12 @@ test("W and footprints on a token axis, sessions by state on a count axis, and w
   assert.notEqual(dashA ?? "", dashB ?? "", "replicas differ in line style");
   const wPath = await page.getAttribute('#panel-window path[data-name="gpu-b W"]', "d");
   assert.ok(wPath && /V/.test(wPath), "W is drawn as steps");
+  // The table keeps SPEC 12's plain sum and shows the shared part beside it.
+  const gpuB = await page.$$eval("#replica-table tr.replica", (rows) =>
+    rows.map((row) => Array.from(row.querySelectorAll("td"), (td) => td.textContent)),
+  );
+  const rowB = gpuB.find((cells) => cells[0] === "gpu-b")!;
+  assert.deepEqual(rowB.slice(4, 7), ["24000", "47500", "8000"]);
 
   // The binding limit: reserved tokens against what may be reserved.
   const limits = await page.$$eval("#panel-budget line.threshold", (lines) =>
@@ -132,8 +145,8 @@ test("W and footprints on a token axis, sessions by state on a count axis, and w
   await page.waitForFunction(() => /bulk paused/.test(document.getElementById("stage")?.textContent ?? ""));
   const headerWaiting = await page.getAttribute("#sessions", "data-waiting");
   assert.equal(headerWaiting, "6");
-  assert.equal(await page.textContent("#replica-table tr.total td:nth-child(12)"), "6");
-  assert.equal(await page.textContent("#replica-table tr.unplaced td:nth-child(12)"), "1");
+  assert.equal(await page.textContent("#replica-table tr.total td:nth-child(13)"), "6");
+  assert.equal(await page.textContent("#replica-table tr.unplaced td:nth-child(13)"), "1");
   assert.match((await page.textContent("#sessions")) ?? "", /6 waiting/);
   assert.deepEqual(pageErrors, []);
   await page.close();
@@ -141,11 +154,18 @@ test("W and footprints on a token axis, sessions by state on a count axis, and w
 
 test("the history endpoint answers with samples, events after a sequence number, and the state", async () => {
   const all = (await (await fetch(`${url}/v1/admin/history`)).json()) as {
-    samples: { t: number; replicas: { windowTokens: number | null }[] }[];
+    samples: {
+      t: number;
+      replicas: { id: string; footprintTokens: number | null; heldTokens: number | null }[];
+    }[];
     events: { seq: number; kind: string }[];
     state: { policy: string };
   };
   assert.ok(all.samples.length >= 3);
+  // The chart's blue line is what the window compares with W: the footprints, a shared prefix once.
+  const sampledB = all.samples.at(-1)!.replicas.find((r) => r.id === "gpu-b")!;
+  assert.equal(sampledB.footprintTokens, 47_500);
+  assert.equal(sampledB.heldTokens, 39_500);
   assert.equal(all.state.policy, "sluice");
   assert.ok(all.events.length >= 3);
   const lastSeq = all.events.at(-1)!.seq;

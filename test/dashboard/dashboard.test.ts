@@ -137,7 +137,7 @@ test("the dashboard draws every chart from live state and keeps updating while l
     `window series: ${windowNames.join(", ")}`,
   );
   const headerWaiting = await page.getAttribute("#sessions", "data-waiting");
-  const totalWaiting = await page.textContent("#replica-table tr.total td:nth-child(12)");
+  const totalWaiting = await page.textContent("#replica-table tr.total td:nth-child(13)");
   assert.equal(headerWaiting, totalWaiting, "the header's waiting count is the table's");
   assert.match((await page.textContent("#panel-refusals .legend")) ?? "", /context_limit \(\d+ total\)/);
   assert.match((await page.textContent("#stage")) ?? "", /stage: normal/);
@@ -151,7 +151,7 @@ test("the dashboard draws every chart from live state and keeps updating while l
   const kvAfter = await page.getAttribute("#panel-kv path.series", "d");
   assert.notEqual(kvAfter, kvBefore, "the KV chart updates as samples arrive");
   const activeSeen = await page.evaluate(() =>
-    Array.from(document.querySelectorAll("#replica-table tr.replica td:nth-child(8)")).some(
+    Array.from(document.querySelectorAll("#replica-table tr.replica td:nth-child(9)")).some(
       (td) => Number(td.textContent) > 0,
     ),
   );
