@@ -157,7 +157,7 @@ export class Scheduler {
     this.prefixIndex =
       this.features.placement === "prefix"
         ? new FleetPrefixIndex({
-            capacityBlocks: (id) => this.byId.get(id)?.indexCapacityBlocks ?? 1,
+            capacityBlocks: (id) => this.byId.get(id)?.indexGpuBlocks() ?? 1,
             hostCapacityBlocks: (id) => this.byId.get(id)?.indexHostCapacityBlocks ?? 0,
           })
         : null;
@@ -466,7 +466,8 @@ export class Scheduler {
       holds.reservation = this.reserveBudget(replica, call, gpuCached);
       this.checkFeasibility(req, replica, call.lane, uncached, hostHit);
       holds.permit = await this.passGate(req, replica, call.lane, uncached);
-      return await this.forward(req, call, { replica, hashes, uncached, startedAt, holds });
+      const newKvTokens = reservationTokens(call.tokens.length, gpuCached, 0);
+      return await this.forward(req, call, { replica, hashes, uncached, newKvTokens, startedAt, holds });
     } catch (error) {
       holds.permit?.release();
       holds.reservation?.release();
@@ -653,11 +654,13 @@ export class Scheduler {
       replica: ReplicaRuntime;
       hashes: string[];
       uncached: number;
+      /** The KV tokens the call takes anew on the replica (`ReplicaRuntime.callStarted`). */
+      newKvTokens: number;
       startedAt: number;
       holds: PendingHolds;
     },
   ): Promise<AdmittedCall> {
-    const { replica, uncached, holds } = at;
+    const { replica, uncached, newKvTokens, holds } = at;
     const { lane, tokens, maxTokens, session } = call;
     holds.reservation?.activate();
     const admittedAt = this.clock.now();
@@ -690,7 +693,7 @@ export class Scheduler {
       unlinkSignal();
       throw error;
     }
-    replica.callStarted();
+    replica.callStarted(newKvTokens);
     const holdings = this.holdings({
       replica,
       lane,
@@ -700,6 +703,7 @@ export class Scheduler {
       permit: holds.permit,
       reservation: holds.reservation,
       uncached,
+      newKvTokens,
       admittedAt,
       unlinkSignal,
       ...(thrashEpoch !== undefined ? { thrashEpoch } : {}),
@@ -745,7 +749,7 @@ export class Scheduler {
         reservation?.release();
         replica.endPrefill(inflight);
         inflight = 0;
-        replica.callEnded();
+        replica.callEnded(held.newKvTokens);
         replica.recordCompletion();
         const generated = result?.completionTokens ?? outputTokens.length;
         // Only a call this replica's evidence saw sent (not a decode leg, whose KV was handed over).

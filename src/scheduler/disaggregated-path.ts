@@ -83,6 +83,8 @@ export interface HeldCall {
   permit: Permit | null;
   reservation: Reservation | null;
   uncached: number;
+  /** The KV tokens the call took anew on its replica (`ReplicaRuntime.callStarted`). */
+  newKvTokens: number;
   admittedAt: number;
   unlinkSignal: () => void;
   /**
@@ -609,7 +611,8 @@ export class DisaggregatedPath {
     const unlink = followAbort(req.signal, abort);
     const unlinkPaired = followAbort(paired?.signal, abort);
     let result: EngineResult;
-    prefill.callStarted();
+    const newKvTokens = reservationTokens(call.tokens.length, call.gpuCached, 0);
+    prefill.callStarted(newKvTokens);
     // Counted as sent, as on a replica that runs both phases: the prefill replica is where the
     // session's window and prefix are, so what its cache delivers is the window's evidence.
     const sentEpoch =
@@ -644,7 +647,7 @@ export class DisaggregatedPath {
       unlinkPaired();
       prefill.endPrefill(holds.inflight);
       holds.inflight = 0;
-      prefill.callEnded();
+      prefill.callEnded(newKvTokens);
       prefill.recordCompletion();
     }
     if (req.signal?.aborted) throw req.signal.reason;
@@ -718,7 +721,9 @@ export class DisaggregatedPath {
       throw error;
     }
     unlinkPaired();
-    replica.callStarted();
+    // The prompt's KV was handed over: all of it is new on the decode replica.
+    const newKvTokens = call.tokens.length;
+    replica.callStarted(newKvTokens);
     this.startDecoding(hold);
     const held = this.ctx.holdings({
       replica,
@@ -729,6 +734,7 @@ export class DisaggregatedPath {
       permit,
       reservation: hold.reservation,
       uncached: 0,
+      newKvTokens,
       admittedAt,
       unlinkSignal,
     });

@@ -42,8 +42,8 @@ export class ReplicaRuntime {
   tokenWindow: TokenWindow | null;
   /** The fleet-wide prefix index this replica records into; null when the policy keeps none. */
   readonly index: FleetPrefixIndex | null;
-  /** This replica's capacity in the prefix index, blocks (its KV capacity over the block size). */
-  indexCapacityBlocks: number;
+  /** This replica's KV capacity in blocks of the prefix index (its KV capacity over the block size). */
+  private indexCapacityBlocks: number;
   /** Its host-memory tier's capacity in the prefix index, blocks; 0 without a tier or when the policy ignores tiers. */
   indexHostCapacityBlocks = 0;
   /** Whether placement and the window see this replica's host tier (the policy's `tiers` feature). */
@@ -64,6 +64,8 @@ export class ReplicaRuntime {
   private readonly bulkFloorShare: number | null;
   private inflightPrefill = 0;
   private runningCalls = 0;
+  /** KV tokens the calls running here took anew: their prompts less the prefix they found in GPU memory. */
+  private runningNewKvTokens = 0;
   /** The replica's one completion rate behind every Retry-After (the gate's 529 and 429s, the budget's, the session queue's). */
   private readonly completions: DrainEstimator;
   private signalsSeen: EngineSignals;
@@ -228,6 +230,11 @@ export class ReplicaRuntime {
     return this.runningCalls;
   }
 
+  /** KV tokens the running calls took anew (`callStarted`); 0 once every call ended. */
+  get runningNewKv(): number {
+    return this.runningNewKvTokens;
+  }
+
   /**
    * Starts a call at the engine. A worker-wide refusal from a gate in front of
    * it (a sidecar) marks the replica busy, as the scheduler's own gate does;
@@ -273,14 +280,38 @@ export class ReplicaRuntime {
     this.inflightPrefill -= tokens;
   }
 
-  /** A call was forwarded to the engine. */
-  callStarted(): void {
+  /**
+   * A call was forwarded to the engine, taking `newKvTokens` of its KV anew (`reservationTokens`
+   * of its prompt, without output). The engine allocates them by evicting cached blocks, so the
+   * index's GPU part shrinks at once (`indexGpuBlocks`).
+   */
+  callStarted(newKvTokens: number): void {
     this.runningCalls++;
+    this.runningNewKvTokens += newKvTokens;
+    if (this.index && newKvTokens > 0) {
+      this.index.resize(this.id, this.indexGpuBlocks(), this.indexHostCapacityBlocks);
+    }
   }
 
-  /** A forwarded call ended. */
-  callEnded(): void {
+  /** A forwarded call ended; `newKvTokens` as it started. */
+  callEnded(newKvTokens: number): void {
     this.runningCalls--;
+    this.runningNewKvTokens -= newKvTokens;
+  }
+
+  /**
+   * How many blocks of this replica the prefix index takes to be in GPU memory: its KV capacity
+   * less the blocks running calls took anew. The index records a call's blocks when it ends, so
+   * while calls run, what the engine holds of the chains recorded before is only what they left
+   * free — vLLM evicts only blocks no running request uses. Counting the whole capacity had the
+   * router predict hits the cache no longer held whenever KV usage was high: on the Mooncake
+   * conversation trace without a host tier, the returning sessions' "lost" prefixes that cut the
+   * token window (docs/tiers.md). A call's output is left out: `max_tokens` bounds it, not what it
+   * generates, and it is recorded with the call when it ends.
+   */
+  indexGpuBlocks(): number {
+    const taken = Math.ceil(Math.max(0, this.runningNewKvTokens) / this.config.blockSize);
+    return Math.max(1, this.indexCapacityBlocks - taken);
   }
 
   /** Reads fresh signals and lets gate limits, ranks, budget ceiling and index size follow the engine. */
@@ -313,7 +344,7 @@ export class ReplicaRuntime {
       if (blocks !== this.indexCapacityBlocks || hostBlocks !== this.indexHostCapacityBlocks) {
         this.indexCapacityBlocks = blocks;
         this.indexHostCapacityBlocks = hostBlocks;
-        this.index.resize(this.id, blocks, hostBlocks);
+        this.index.resize(this.id, this.indexGpuBlocks(), hostBlocks);
       }
     }
     return signals;

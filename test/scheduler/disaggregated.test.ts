@@ -409,5 +409,7 @@ describe("disaggregated prefill and decode", () => {
       `half the predicted hits delivered, got ${reading.delivered}`,
     );
     assert.equal(path.outstanding(), 0);
+    assert.equal(prefill.running, 0);
+    assert.equal(prefill.runningNewKv, 0, "the prefill legs gave back the KV they took");
   });
 });

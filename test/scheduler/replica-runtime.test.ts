@@ -4,6 +4,7 @@ import { SimEngine } from "../../adapters/engines/sim/sim-engine.js";
 import { VirtualClock } from "../../src/clock.js";
 import { policyFeatures } from "../../src/config/policy-features.js";
 import { type Policy, resolveSchedulerConfig } from "../../src/config/scheduler-config.js";
+import { FleetPrefixIndex } from "../../src/routing/fleet-prefix-index.js";
 import { ReplicaRuntime } from "../../src/scheduler/replica-runtime.js";
 
 function replica(policy: Policy, bulkFloorShare?: number): ReplicaRuntime {
@@ -44,5 +45,36 @@ describe("queued prefill a new call waits behind", () => {
     r.queuePrefill(1_000, "interactive");
     r.queuePrefill(5_000, "bulk");
     assert.equal(r.queuedPrefillAheadOf("interactive"), 6_000);
+  });
+});
+
+describe("the prefix index's GPU part", () => {
+  it("is the KV capacity less what running calls took anew, trimmed when a call starts, whole again when every call ended", () => {
+    const clock = new VirtualClock();
+    const config = resolveSchedulerConfig({ policy: "gate-prefix" });
+    const engine = new SimEngine({
+      id: "r1",
+      clock,
+      preset: { base: "h100-llama3-8b", kvCapacityTokens: 64 * 100 },
+    });
+    let runtime: ReplicaRuntime | undefined;
+    const index = new FleetPrefixIndex({ capacityBlocks: () => runtime!.indexGpuBlocks() });
+    runtime = new ReplicaRuntime(engine, clock, config, policyFeatures("gate-prefix", "tokens"), index);
+    assert.equal(runtime.indexGpuBlocks(), 100);
+    index.record(
+      "r1",
+      Array.from({ length: 80 }, (_, i) => i.toString(16)),
+    );
+    assert.equal(index.gpuBlocksHeld("r1"), 80);
+    runtime.callStarted(64 * 50 + 1);
+    assert.equal(runtime.indexGpuBlocks(), 49, "a block begun counts whole");
+    assert.equal(index.gpuBlocksHeld("r1"), 49, "the engine evicts as the call takes its blocks");
+    runtime.callStarted(0);
+    runtime.callEnded(64 * 50 + 1);
+    assert.equal(runtime.indexGpuBlocks(), 100);
+    runtime.callEnded(0);
+    assert.equal(runtime.running, 0);
+    assert.equal(runtime.runningNewKv, 0);
+    assert.equal(index.gpuBlocksHeld("r1"), 49, "what the engine evicted is not back");
   });
 });

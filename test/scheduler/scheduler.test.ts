@@ -757,3 +757,57 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 });
+
+describe("the prefix index while a call runs", () => {
+  /**
+   * One replica of 40,000 KV tokens (625 router blocks of 64). A's 8,000-token prompt is cached;
+   * then B takes 34,000 tokens anew, and the engine keeps of A only what fits beside B. While B
+   * runs, A's opening comes back: the router records B's blocks when B ends, so it must count
+   * them out of the GPU memory it predicts from while B runs, or it predicts all of A.
+   */
+  async function whileALargeCallRuns(policy: "gate-prefix" | "sluice") {
+    const clock = new VirtualClock();
+    const engine = new SimEngine({
+      id: "r1",
+      clock,
+      preset: { base: "h100-llama3-8b", kvCapacityTokens: 40_000 },
+    });
+    const predicted: number[] = [];
+    let firstTokens = 0;
+    const scheduler = new Scheduler({
+      engines: [engine],
+      clock,
+      config: { policy },
+      events: {
+        route: (e) => predicted.push(e.predictedHitTokens),
+        firstToken: () => firstTokens++,
+      },
+    });
+    scheduler.start();
+    const submit = (prompt: number[], maxTokens: number) =>
+      run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: prompt }, maxTokens })));
+    const a = tokens(8_000);
+    await run(clock, drain(await submit(a, 20)));
+    const b = await submit(tokens(34_000, 1_000_000), 200);
+    const bDrained = drain(b);
+    await clock.runAsyncUntil(() => firstTokens === 2, 10_000_000);
+    const again = await submit([...a.slice(0, 7_000), ...tokens(64, 2_000_000)], 20);
+    await run(clock, Promise.all([drain(again), bDrained]));
+    const cached = (await again.result).cachedTokens;
+    await scheduler.stop();
+    return { predicted: predicted.at(-1)!, cached, scheduler };
+  }
+
+  for (const policy of ["gate-prefix", "sluice"] as const) {
+    it(`counts what running calls took out of the KV capacity (${policy}): it predicts what the engine kept`, async () => {
+      const { predicted, cached, scheduler } = await whileALargeCallRuns(policy);
+      // Beside B's 34,000 tokens the engine kept about 6,000 of A's 8,000 (less what B's output took).
+      assert.ok(cached > 5_000 && cached < 6_500, `engine kept ${cached} tokens of A`);
+      assert.ok(
+        Math.abs(predicted - cached) <= 4 * 64,
+        `router predicted ${predicted} cached tokens, the engine had ${cached}`,
+      );
+      assertIdle(scheduler);
+    });
+  }
+});
