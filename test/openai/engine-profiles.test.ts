@@ -178,6 +178,38 @@ describe("genuine pages across versions", () => {
     assert.equal(parseEngineMetrics(text), undefined);
   });
 
+  it("vLLM 0.31 with a CPU tier and a filesystem tier below it (kvreap's capture): host counters, and a load rate that counts the reads from the tier below", () => {
+    // Genuine series and values, not a page: the increases of every offload and prefix-cache
+    // counter over a 1,249 s load, read from vLLM's /metrics (fixtures/README.md). Laid out here
+    // as counters that started at zero, which is what a counter's increase is, under the one line
+    // the capture left out that every vLLM page has: its running-requests gauge (declared only,
+    // so it reads unknown).
+    const increases = JSON.parse(fixture("vllm-0.31-offload-tiering-kvreap.json")) as Record<string, number>;
+    const page = [
+      "# TYPE vllm:num_requests_running gauge",
+      ...Object.entries(increases).map(([series, value]) => `${series} ${value}`),
+    ].join("\n");
+    const s = parseEngineMetrics(page);
+    assert.ok(s);
+    assert.equal(s.flavor, "vllm");
+    assert.equal(s.prefixQueryTokens, 15_910_937, "the GPU tier's lookups");
+    assert.equal(s.prefixHitTokens, 4_080);
+    assert.equal(
+      s.hostPrefixQueryTokens,
+      15_906_857,
+      "each prompt less its GPU hits, asked of the connector",
+    );
+    assert.equal(s.hostPrefixHitTokens, 1_087_120);
+    // A hit the filesystem tier holds is read into host memory first (vLLM's tiering: secondary →
+    // CPU → GPU): 291.6 s of reads beside 3.4 s of host-to-GPU loads. The CPU loads alone would
+    // price these hits at 323,000 tokens/s; the run's report finds a 2,048-token prefix read back
+    // costs about as much as computing it on its H200.
+    const seconds = 3.364970504965634 + 291.6446249486471;
+    assert.ok(Math.abs(s.hostLoadTokensPerSecond! - 1_087_120 / seconds) < 1e-6);
+    assert.equal(s.hostKvCapacityTokens, 0);
+    assert.ok(s.unknown?.includes("hostKvCapacityTokens"), "the page states no host tier size");
+  });
+
   it("DeepSeek-V4's cache config (vLLM #51163): the engine's kv_cache_size_tokens, not blocks × its smallest block", () => {
     const s = read("vllm-dsv4-cache-config-issue51163.prom");
     assert.equal(s.flavor, "vllm");

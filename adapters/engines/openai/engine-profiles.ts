@@ -318,7 +318,8 @@ function positiveLabel(sample: MetricSample, label: string): boolean {
  * is set; vLLM leaves `num_cpu_blocks` at `None` with the offloading connector,
  * so it is usually unknown); the load rate from the tokens supplied over
  * `vllm:kv_offload_load_time_total`, else the deprecated
- * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`. Undefined
+ * `vllm:kv_offload_total_time_total{transfer_type="CPU_to_GPU"}`, plus the reads
+ * of any tier below host memory (`vllm:kv_offload_tiering_read_time_total`). Undefined
  * when the page shows no second tier (no offloading size, no transfer time, no
  * LMCache counters, and external counters never queried): the engine is
  * treated as one tier.
@@ -363,7 +364,12 @@ function vllmHostTier(
   if (external) {
     host.hostPrefixQueryTokens = external.queries;
     host.hostPrefixHitTokens = external.hits;
-    const seconds = sum(loadTime);
+    // With tiers below host memory (vLLM's tiering offload: a filesystem, object store or peer
+    // tier), a hit held there is read into host memory before it is loaded (secondary → CPU →
+    // GPU), and the call waits for both: their reads count in the time its hits cost. Summed over
+    // reads that may run side by side, the rate is a lower bound — a host hit is priced no cheaper
+    // than it may be.
+    const seconds = sum(loadTime) + sum(series(byName, "vllm:kv_offload_tiering_read_time_total"));
     if (seconds > 0 && external.hits > 0) host.hostLoadTokensPerSecond = external.hits / seconds;
   }
   return host;
