@@ -670,10 +670,7 @@ export class Scheduler {
     this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
     replica.startPrefill(uncached);
     holds.inflight = uncached;
-    // Counted as sent, not as placed: a call placed may still be refused by the budget or its
-    // deadline, and be placed again when it retries.
-    const thrashEpoch =
-      at.hashes.length > 0 ? replica.thrashEvidence.sent(tokens.length - uncached, tokens.length) : undefined;
+    const thrashEpoch = replica.thrashEvidenceSent(tokens.length, uncached, at.hashes.length > 0);
     const abort = new AbortController();
     const unlinkSignal = followAbort(req.signal, abort);
     let stream: EngineStream;

@@ -615,10 +615,7 @@ export class DisaggregatedPath {
     prefill.callStarted(newKvTokens);
     // Counted as sent, as on a replica that runs both phases: the prefill replica is where the
     // session's window and prefix are, so what its cache delivers is the window's evidence.
-    const sentEpoch =
-      call.hashes.length > 0
-        ? prefill.thrashEvidence.sent(call.tokens.length - uncached, call.tokens.length)
-        : undefined;
+    const sentEpoch = prefill.thrashEvidenceSent(call.tokens.length, uncached, call.hashes.length > 0);
     try {
       const stream = await prefill.generate({
         requestId: req.requestId,

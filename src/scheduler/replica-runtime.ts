@@ -378,7 +378,18 @@ export class ReplicaRuntime {
   }
 
   /**
-   * A call this replica's evidence saw sent (`thrashEvidence.sent` returned `sentEpoch`) ended well,
+   * A call is sent to this replica's engine with `uncachedTokens` of its `promptTokens` predicted
+   * uncached: its predicted hits are the window's evidence, counted as sent, not as placed (a call
+   * placed may still be refused by the budget or its deadline, and placed again when it retries).
+   * A prompt without block hashes (`hashed` false) was predicted nothing and is no evidence. Returns
+   * the epoch to hand to `settleThrashEvidence`, or undefined.
+   */
+  thrashEvidenceSent(promptTokens: number, uncachedTokens: number, hashed: boolean): number | undefined {
+    return hashed ? this.thrashEvidence.sent(promptTokens - uncachedTokens, promptTokens) : undefined;
+  }
+
+  /**
+   * A call this replica's evidence saw sent (`thrashEvidenceSent` returned `sentEpoch`) ended well,
    * the engine reporting `cachedTokens` of its prompt cached against `predictedHitTokens`.
    *
    * Evidence of thrash is what the cache lost of contexts the window held: a session step that
