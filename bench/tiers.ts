@@ -89,6 +89,11 @@ export interface TierRow {
    * missed call's time to first token.
    */
   miss_causes: Partial<Record<MissCause, number>>;
+  /**
+   * The same misses by the call's prompt length (`PROMPT_BANDS`), each a share of all calls: which
+   * calls a policy loses, e.g. prompts whose prefill alone outlasts the SLO at any load.
+   */
+  miss_by_prompt: Record<string, number>;
   /** Times a token window was cut (thrash read) during the run. */
   window_cuts: number;
   wall_s: number;
@@ -184,6 +189,13 @@ function tierFleet(preset: PresetOverrides): FleetFactory & {
   return fleet;
 }
 
+/** Whether a call missed its TTFT SLO: no first token at all, or a later one. */
+function missedSlo(call: CallTimes, sloMs: number | undefined): boolean {
+  return (
+    call.firstTokenAt === undefined || call.firstTokenAt - call.readyAt > (sloMs ?? Number.POSITIVE_INFINITY)
+  );
+}
+
 /** Shares of all calls by why they missed their TTFT SLO (`MissCause`). */
 function missCauses(
   calls: ReadonlyMap<string, CallTimes>,
@@ -195,11 +207,11 @@ function missCauses(
     counts[cause] = (counts[cause] ?? 0) + 1;
   };
   for (const [id, call] of calls) {
+    if (!missedSlo(call, sloMsOf.get(id))) continue;
     if (call.firstTokenAt === undefined) {
       count("refused");
       continue;
     }
-    if (call.firstTokenAt - call.readyAt <= (sloMsOf.get(id) ?? Number.POSITIVE_INFINITY)) continue;
     const retry = call.lastAttemptAt - call.readyAt;
     const admission = call.queueMs ?? 0;
     const engine = call.firstTokenAt - (call.admittedAt ?? call.firstTokenAt);
@@ -210,6 +222,32 @@ function missCauses(
   for (const [cause, n] of Object.entries(counts))
     shares[cause as MissCause] = round((n ?? 0) / Math.max(1, offered));
   return shares;
+}
+
+/** Prompt-length bands, tokens (lower bound inclusive, upper exclusive), for `miss_by_prompt`. */
+export const PROMPT_BANDS: readonly { label: string; below: number }[] = [
+  { label: "<8k", below: 8_000 },
+  { label: "8k-16k", below: 16_000 },
+  { label: "16k-32k", below: 32_000 },
+  { label: "32k-64k", below: 64_000 },
+  { label: ">=64k", below: Number.POSITIVE_INFINITY },
+];
+
+export function promptBand(promptTokens: number): string {
+  return PROMPT_BANDS.find((band) => promptTokens < band.below)!.label;
+}
+
+/** The calls `counted` by prompt band, each band a share of all `calls`. */
+export function sharesByPrompt(
+  calls: readonly { id: string; promptTokens: number }[],
+  counted: (id: string) => boolean,
+): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const band of PROMPT_BANDS) counts[band.label] = 0;
+  for (const call of calls) if (counted(call.id)) counts[promptBand(call.promptTokens)]!++;
+  for (const band of PROMPT_BANDS)
+    counts[band.label] = round(counts[band.label]! / Math.max(1, calls.length));
+  return counts;
 }
 
 function round(x: number, digits = 4): number {
@@ -278,6 +316,10 @@ export async function runTier(options: {
     completed: run.row.completed,
     unfinished: run.unfinished,
     miss_causes: missCauses(fleet.calls, sloMsOf, workload.calls.length),
+    miss_by_prompt: sharesByPrompt(workload.calls, (id) => {
+      const call = fleet.calls.get(id);
+      return call !== undefined && missedSlo(call, sloMsOf.get(id));
+    }),
     window_cuts: fleet.windowCuts,
     wall_s: run.wallS,
   };
@@ -306,6 +348,7 @@ interface CapacityTry {
   load: number;
   ttft_miss: number;
   miss_causes: TierRow["miss_causes"];
+  miss_by_prompt: TierRow["miss_by_prompt"];
   window_cuts: number;
   wall_s: number;
 }
@@ -325,6 +368,7 @@ export async function sloCapacity(
       load,
       ttft_miss: run.ttftMiss,
       miss_causes: row.miss_causes,
+      miss_by_prompt: row.miss_by_prompt,
       window_cuts: row.window_cuts,
       wall_s: run.wallS,
     });
@@ -468,6 +512,18 @@ export async function runTiersBench(
       goal: "≤ 0.5",
       met: sluice2.recomputed_tokens_total <= 0.5 * sluice1.recomputed_tokens_total,
     });
+  }
+  if (only.has("mooncake") || only.has("capacity")) {
+    // The trace's calls by prompt band (the same at every load), beside which `miss_by_prompt` reads.
+    const named = NAMED_WORKLOADS.mooncake!;
+    const workload = compileWorkload(
+      named.spec({ replicas: REPLICAS, model: tierFleet({ base: PRESET }).stepModel }),
+      {
+        name: "mooncake",
+        load: 1,
+      },
+    );
+    out.mooncake_calls_by_prompt = sharesByPrompt(workload.calls, () => true);
   }
   if (only.has("mooncake")) await replay("mooncake", options.mooncakeLoad ?? 1);
   if (only.has("capacity")) {
