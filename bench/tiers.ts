@@ -255,6 +255,12 @@ function round(x: number, digits = 4): number {
   return Math.round(x * f) / f;
 }
 
+/** A named workload compiled for this benchmark's fleet at `load`. */
+function tierWorkload(name: "agents-256" | "mooncake", fleet: FleetFactory, load: number) {
+  const spec = NAMED_WORKLOADS[name]!.spec({ replicas: REPLICAS, model: fleet.stepModel });
+  return compileWorkload(spec, { name, load });
+}
+
 /** Runs one workload under one policy, with or without the host tier, and reads both tiers' counters. */
 export async function runTier(options: {
   workload: "agents-256" | "mooncake";
@@ -264,11 +270,9 @@ export async function runTier(options: {
   onProgress?: (line: string) => void;
 }): Promise<{ row: TierRow; run: PolicyRun }> {
   const load = options.load ?? 1;
-  const named = NAMED_WORKLOADS[options.workload]!;
   const preset: PresetOverrides = { base: PRESET, hostKvTokens: options.hostKvTokens };
   const fleet = tierFleet(preset);
-  const spec = named.spec({ replicas: REPLICAS, model: fleet.stepModel });
-  const workload = compileWorkload(spec, { name: options.workload, load });
+  const workload = tierWorkload(options.workload, fleet, load);
   const run = await runPolicy({
     workload,
     policy: options.policy,
@@ -515,14 +519,7 @@ export async function runTiersBench(
   }
   if (only.has("mooncake") || only.has("capacity")) {
     // The trace's calls by prompt band (the same at every load), beside which `miss_by_prompt` reads.
-    const named = NAMED_WORKLOADS.mooncake!;
-    const workload = compileWorkload(
-      named.spec({ replicas: REPLICAS, model: tierFleet({ base: PRESET }).stepModel }),
-      {
-        name: "mooncake",
-        load: 1,
-      },
-    );
+    const workload = tierWorkload("mooncake", tierFleet({ base: PRESET }), 1);
     out.mooncake_calls_by_prompt = sharesByPrompt(workload.calls, () => true);
   }
   if (only.has("mooncake")) await replay("mooncake", options.mooncakeLoad ?? 1);
