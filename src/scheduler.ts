@@ -665,8 +665,7 @@ export class Scheduler {
     holds.reservation?.activate();
     const admittedAt = this.clock.now();
     const queueMs = admittedAt - at.startedAt;
-    // The overload signal is time queued at the gate; a session waiting for its window is the window working.
-    if (lane === "interactive") this.overload?.recordQueueAge(holds.permit?.queueMs ?? 0);
+    this.recordGateWait(lane, holds.permit?.queueMs ?? 0);
     this.emit("admitted", { lane, replica: replica.id, queueWaitMs: queueMs });
     replica.startPrefill(uncached);
     holds.inflight = uncached;
@@ -877,6 +876,7 @@ export class Scheduler {
       passGate: (req, replica, lane, uncached) => this.passGate(req, replica, lane, uncached),
       holdings: (held) => this.holdings(held),
       recordPrefix: (replica, hashes) => replica.index?.record(replica.id, hashes),
+      recordGateWait: (lane, queueMs) => this.recordGateWait(lane, queueMs),
       emit: (name, event) => this.emit(name, event),
     });
   }
@@ -1006,6 +1006,14 @@ export class Scheduler {
   }
 
   private cancelOverload: Cancel | undefined;
+
+  /**
+   * The overload stages' signal: how long an admitted interactive call queued at the gate, ms. A session
+   * waiting for its window is the window working, not overload, so it does not count.
+   */
+  private recordGateWait(lane: Lane, queueMs: number): void {
+    if (lane === "interactive") this.overload?.recordQueueAge(queueMs);
+  }
 
   private scheduleOverloadWindow(): void {
     if (!this.overload || !this.running) return;

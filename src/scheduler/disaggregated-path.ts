@@ -70,6 +70,8 @@ export interface DisaggregatedContext {
   holdings(held: HeldCall): CallHoldings;
   /** Records the prompt's blocks as held by `replica` (the prefix index), after a prefill. */
   recordPrefix(replica: ReplicaRuntime, hashes: readonly string[]): void;
+  /** An admitted call's time queued at the gates, ms: the overload stages' signal. */
+  recordGateWait(lane: Lane, queueMs: number): void;
   emit<K extends keyof SchedulerEvents>(name: K, event: Parameters<NonNullable<SchedulerEvents[K]>>[0]): void;
 }
 
@@ -242,6 +244,8 @@ export class DisaggregatedPath {
       // decode replica's gate (queueing there if it must), so nothing on the decode side can refuse the call later.
       if (decode) decode.permit = await this.ctx.passGate(req, decode.replica, lane, 0);
       holds.permit = await this.ctx.passGate(req, prefill, lane, uncached);
+      // Queued at both gates, the call waited as long as the two queues together.
+      this.ctx.recordGateWait(lane, (decode?.permit?.queueMs ?? 0) + (holds.permit?.queueMs ?? 0));
       const prefillAdmittedAt = this.ctx.clock.now();
       this.ctx.emit("admitted", {
         lane,

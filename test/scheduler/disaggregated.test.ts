@@ -123,6 +123,24 @@ describe("disaggregated prefill and decode", () => {
     await settle(clock, scheduler);
   });
 
+  it("feeds the overload stages the time calls queued at its gates", async () => {
+    const { clock, scheduler } = pdFleet({
+      gate: { engineRequestLimit: 1, engineRequestWaitingLimit: 1, requestQueueLimit: 8 },
+      overload: { objectiveMs: 1, windowMs: 1000, bulkPauseAfter: 1 },
+    });
+    const calls = [0, 1, 2].map((i) => scheduler.submit(request(tokens(200, i * 10_000), 20)));
+    for (const call of calls) call.catch(() => undefined);
+    const admitted = await run(clock, Promise.all(calls));
+    await run(clock, Promise.all(admitted.map(drain)));
+    assert.ok(
+      admitted.some((call) => call.queueMs > 1),
+      "a call queued behind another at a gate",
+    );
+    await clock.advanceAsync(1000);
+    assert.equal(scheduler.state().stage, "bulk_paused", "a window of interactive calls queued past the objective");
+    await settle(clock, scheduler);
+  });
+
   it("holds a call before its prefill until a decode replica will have room for it, then runs it", async () => {
     const { clock, prefill, decode, scheduler } = pdFleet({}, 8192);
     const first = await run(clock, scheduler.submit(request(tokens(3000), 3000)));
