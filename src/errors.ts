@@ -92,14 +92,22 @@ export function isRefusalReason(reason: string): reason is RefusalReason {
   return Object.hasOwn(REFUSAL_STATUS, reason);
 }
 
-/** Statuses that tell a client to come back later, and so carry `Retry-After`. */
+/**
+ * Statuses that tell a client to come back later, and so carry `Retry-After`: 429, 503 and 529. An
+ * internal error (500) is not one: nothing says waiting would help.
+ */
 export function isRetryableStatus(status: number): boolean {
-  return status === 429 || status === 503 || status === 529 || (status >= 500 && status !== 501);
+  return status === 429 || status === 503 || status === 529;
 }
 
-/** Whether a refusal tells the client when to come back: every retryable status, and a key still in progress. */
+/** Whether a refusal says "not now, later": a retryable status, or a gate rejection at whatever status it is configured. */
+export function tellsToComeBackLater(refusal: Pick<Refusal, "reason" | "status">): boolean {
+  return isRetryableStatus(refusal.status) || refusal.reason === "worker_overloaded";
+}
+
+/** Whether a refusal tells the client when to come back: every come-back-later refusal, and a key still in progress. */
 function carriesRetryAfter(reason: RefusalReason, status: number): boolean {
-  return isRetryableStatus(status) || reason === "idempotency_in_progress";
+  return tellsToComeBackLater({ reason, status }) || reason === "idempotency_in_progress";
 }
 
 /**

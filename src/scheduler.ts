@@ -199,6 +199,12 @@ export class Scheduler {
           recoverAfter: this.config.overload.recoverAfter,
           recoverFraction: this.config.overload.recoverFraction,
           autoEvaluate: false,
+          onStage: (to, from, report) =>
+            this.emit("stage", {
+              from,
+              to,
+              cause: `p95 interactive gate queue age ${Math.round(report.p95Ms)} ms over ${report.samples} calls in the last window (objective ${this.config.overload.objectiveMs} ms)`,
+            }),
         })
       : null;
   }
@@ -976,6 +982,7 @@ export class Scheduler {
       });
       const stale = replica.stale(now);
       const healthy = replica.healthy();
+      this.reportHealth(replica, healthy, now);
       const accepting = healthy && (!stale || this.config.sessions.staleSignals === "open");
       // Stale signals say nothing about the replica: the window holds still until fresh ones arrive.
       // An engine that publishes no KV gauge says nothing the window law could act on (unknown is not zero).
@@ -1006,6 +1013,23 @@ export class Scheduler {
   }
 
   private cancelOverload: Cancel | undefined;
+
+  /** Each replica's health as last reported in a `health` event; absent before its first control tick. */
+  private readonly healthReported = new Map<string, boolean>();
+
+  /** A change of health is news, and so is a replica unhealthy from the start (an unreachable upstream). */
+  private reportHealth(replica: ReplicaRuntime, healthy: boolean, now: number): void {
+    const was = this.healthReported.get(replica.id);
+    this.healthReported.set(replica.id, healthy);
+    if (was === undefined ? healthy : was === healthy) return;
+    this.emit("health", {
+      replica: replica.id,
+      healthy,
+      cause: healthy
+        ? "its signals are fresh again"
+        : `${replica.unhealthyCause(now) ?? "unhealthy"}${was === undefined ? " (since start-up)" : ""}`,
+    });
+  }
 
   /**
    * The overload stages' signal: how long an admitted interactive call queued at the gate, ms. A session

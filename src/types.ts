@@ -249,8 +249,8 @@ export interface SchedulerEvents {
     action: "increase" | "decrease";
     cause: string;
   }): void;
-  /** The overload stage changed (SPEC 5), and why. Optional: without it, observers see the change in `state()`. */
+  /** The overload stage changed, and why (the p95 interactive gate queue age of the window that moved it). */
   stage?(e: { from: OverloadStage; to: OverloadStage; cause: string }): void;
-  /** A replica became healthy or unhealthy, and why. Optional: without it, observers see the change in `state()`. */
+  /** A replica became healthy or unhealthy at a control tick, and why; one unhealthy from the start is reported once too. */
   health?(e: { replica: string; healthy: boolean; cause: string }): void;
 }

@@ -138,9 +138,8 @@ function emptyActivity(): Omit<IntervalActivity, "ms" | "ttft" | "e2e" | "queueW
  * what happened in between (latency quantiles, throughput, predicted and
  * delivered hit tokens, route reasons, refusals), and keeps the operator
  * events that explain changes: window law decisions, pauses and dormancies,
- * overload stage and replica health. A page opened late asks for all of it.
- * Stage and health changes come from the scheduler's `stage`/`health`
- * events when it emits them, else from comparing consecutive samples.
+ * overload stage and replica health (the scheduler's `stage` and `health`
+ * events). A page opened late asks for all of it.
  */
 export class StateHistory {
   private readonly scheduler: HistoryScheduler;
@@ -155,9 +154,7 @@ export class StateHistory {
   private activity = emptyActivity();
   private lastSampleAt: number;
   private cancelTimer: (() => void) | undefined;
-  private stageEvents = false;
   private nextSeq = 1;
-  private healthEvents = false;
 
   constructor(options: StateHistoryOptions) {
     const sampleMs = options.sampleMs ?? 1000;
@@ -263,7 +260,6 @@ export class StateHistory {
       },
     };
     this.lastSampleAt = now;
-    this.compare(this.samples[this.samples.length - 1], sample);
     this.samples.push(sample);
     const cutoff = sample.t - this.keepMs;
     while (this.samples.length > 1 && this.samples[0]!.t < cutoff) this.samples.shift();
@@ -297,42 +293,6 @@ export class StateHistory {
         // An observer's failure must not stop the history.
       }
     }
-  }
-
-  /** Stage and health changes seen between two samples, when the scheduler does not report them itself. */
-  private compare(before: StateSample | undefined, after: StateSample): void {
-    if (!this.stageEvents && before && before.stage !== after.stage) {
-      const queue = after.lanes.interactive;
-      this.record({
-        kind: "stage",
-        replica: null,
-        text: `overload stage ${before.stage} → ${after.stage}`,
-        cause: `p95 interactive queue age over the overload windows (oldest queued call now ${(queue.oldestAgeMs / 1000).toFixed(1)} s, ${queue.queued} queued)`,
-        level: after.stage === "normal" ? "info" : "warn",
-      });
-    }
-    if (this.healthEvents) return;
-    for (const replica of after.replicas) {
-      const was = before?.replicas.find((r) => r.id === replica.id);
-      // A replica unhealthy from the start (an unreachable upstream) is news as much as one that fails later.
-      if (was ? was.healthy === replica.healthy : replica.healthy) continue;
-      this.record({
-        kind: "health",
-        replica: replica.id,
-        text: `replica ${replica.id} ${replica.healthy ? "healthy" : "unhealthy"}${was ? "" : " since start-up"}`,
-        cause: replica.healthy ? "its signals are fresh again" : this.unhealthyCause(replica.id),
-        level: replica.healthy ? "info" : "warn",
-      });
-    }
-  }
-
-  private unhealthyCause(replicaId: string): string {
-    const signals = this.scheduler.state().replicas.find((r) => r.id === replicaId)?.signals;
-    if (signals?.stale && signals.ageMs < 0)
-      return "no signals ever read from it: its /metrics endpoint cannot be reached or parsed (is the engine up, is the URL right?)";
-    if (signals?.stale)
-      return `its signals are stale (last read ${(signals.ageMs / 1000).toFixed(1)} s ago): its /metrics endpoint cannot be read`;
-    return "it is unreachable or reports no model";
   }
 
   private hooks(): SchedulerEvents {
@@ -376,7 +336,6 @@ export class StateHistory {
         });
       },
       stage: (e) => {
-        this.stageEvents = true;
         this.record({
           kind: "stage",
           replica: null,
@@ -386,7 +345,6 @@ export class StateHistory {
         });
       },
       health: (e) => {
-        this.healthEvents = true;
         this.record({
           kind: "health",
           replica: e.replica,

@@ -1,6 +1,6 @@
 /** @module Runs one stored call through the scheduler, the path an HTTP call takes, and says whether it answered or must wait. */
 
-import { isRetryableStatus, type Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
+import { type Refusal, renderRefusal, tellsToComeBackLater, toRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
 import { chatInput, completionInput, type HttpScheduler } from "../http/app.js";
@@ -144,7 +144,7 @@ export async function executeCall(
 function refusedOutcome(refusal: Refusal, requestId: string, engineFailure: boolean): CallOutcome {
   const rendered = renderRefusal(refusal, requestId);
   const answer = answered(rendered.status, requestId, rendered.body);
-  if (isRetryableStatus(refusal.status) && refusal.status !== 500) {
+  if (tellsToComeBackLater(refusal)) {
     return { kind: "later", afterMs: (refusal.retryAfterSeconds ?? 1) * 1000, engineFailure, answer };
   }
   return answer;

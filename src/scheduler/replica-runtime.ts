@@ -186,6 +186,18 @@ export class ReplicaRuntime {
     return this.signalsSeen.healthy && !unreachable;
   }
 
+  /** Why the replica is unhealthy now, in words for an operator (undefined when it is healthy). */
+  unhealthyCause(now: number): string | undefined {
+    if (this.healthy()) return undefined;
+    const readAt = this.signalsSeen.readAtMs;
+    if (!Number.isFinite(readAt))
+      return "no signals ever read from it: its /metrics endpoint cannot be reached or parsed (is the engine up, is the URL right?)";
+    if (this.unreachableAt >= readAt) return "a call could not reach it";
+    if (this.stale(now))
+      return `its signals are stale (last read ${((now - readAt) / 1000).toFixed(1)} s ago): its /metrics endpoint cannot be read`;
+    return "its last scrape failed or it reports no model";
+  }
+
   /** A call could not reach the engine: unhealthy until signals read after now say otherwise. */
   markUnreachable(now: number): void {
     this.unreachableAt = now;

@@ -137,7 +137,11 @@ describe("disaggregated prefill and decode", () => {
       "a call queued behind another at a gate",
     );
     await clock.advanceAsync(1000);
-    assert.equal(scheduler.state().stage, "bulk_paused", "a window of interactive calls queued past the objective");
+    assert.equal(
+      scheduler.state().stage,
+      "bulk_paused",
+      "a window of interactive calls queued past the objective",
+    );
     await settle(clock, scheduler);
   });
 
@@ -382,6 +386,7 @@ describe("disaggregated prefill and decode", () => {
       passGate: async () => null,
       holdings: () => ({ firstToken: () => undefined, finish: () => undefined }),
       recordPrefix: () => undefined,
+      recordGateWait: () => undefined,
       emit: () => undefined,
     });
     const prompt = tokens(4096);

@@ -679,6 +679,48 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
+  it("reports replica health changes and overload stage changes as events, with their causes", async () => {
+    const health: { replica: string; healthy: boolean; cause: string }[] = [];
+    const stages: { from: string; to: string; cause: string }[] = [];
+    const clock = new VirtualClock();
+    const engines = [1, 2].map((i) => new BentSignals(new SimEngine({ id: `r${i}`, clock })));
+    engines[1]!.bend = (signals) => ({ ...signals, healthy: false });
+    const scheduler = new Scheduler({
+      engines,
+      clock,
+      config: {
+        gate: { engineRequestLimit: 1, engineRequestWaitingLimit: 1, requestQueueLimit: 8 },
+        overload: { objectiveMs: 1, windowMs: 1000, bulkPauseAfter: 1 },
+      },
+      events: { health: (e) => health.push(e), stage: (e) => stages.push(e) },
+    });
+    scheduler.start();
+    assert.equal(health.length, 1, "a replica unhealthy from the start is news; a healthy one is not");
+    assert.equal(health[0]!.replica, "r2");
+    assert.equal(health[0]!.healthy, false);
+    assert.match(health[0]!.cause, /since start-up/);
+    engines[1]!.bend = (signals) => signals;
+    await clock.advanceAsync(2_000);
+    assert.deepEqual(
+      health.map((e) => [e.replica, e.healthy]),
+      [
+        ["r2", false],
+        ["r2", true],
+      ],
+    );
+    const calls = [0, 1, 2].map((i) =>
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(200, i * 10_000) } })),
+    );
+    const admitted = await run(clock, Promise.all(calls));
+    await run(clock, Promise.all(admitted.map(drain)));
+    await clock.advanceAsync(1000);
+    assert.equal(stages.length, 1);
+    assert.equal(stages[0]!.from, "normal");
+    assert.equal(stages[0]!.to, "bulk_paused");
+    assert.match(stages[0]!.cause, /p95 interactive gate queue age \d+ ms/);
+    assertIdle(scheduler);
+  });
+
   it("with --stale-signals open admits new sessions on stale signals", async () => {
     const { clock, scheduler, engines } = fleet(1, { sessions: { staleSignals: "open" } });
     engines[0]!.bend = (signals) => ({ ...signals, readAtMs: clock.now() - 60_000 });
