@@ -339,6 +339,12 @@ export class Scheduler {
   }
 
   /** Everything an operator or the dashboard needs, as plain JSON. */
+  /** One replica's part of `state()`, without the rest of the fleet's (a refusal's advice reads its own replica). */
+  replicaState(id: string): ReplicaState | undefined {
+    const replica = this.byId.get(id);
+    return replica ? this.replicaSnapshot(replica, this.clock.now()) : undefined;
+  }
+
   state(): AdminState {
     const now = this.clock.now();
     const counts = this.admission.counts();
@@ -347,7 +353,7 @@ export class Scheduler {
       policy: this.policy,
       stage: this.overload?.stage ?? "normal",
       models: this.models(),
-      replicas: this.replicas.map((replica) => this.replicaState(replica, now)),
+      replicas: this.replicas.map((replica) => this.replicaSnapshot(replica, now)),
       sessions: {
         total: counts.total,
         waiting: counts.waiting,
@@ -1053,7 +1059,7 @@ export class Scheduler {
     return Number.isFinite(best) ? best : 1;
   }
 
-  private replicaState(replica: ReplicaRuntime, now: number): ReplicaState {
+  private replicaSnapshot(replica: ReplicaRuntime, now: number): ReplicaState {
     const signals = replica.signals;
     const gate = replica.gate;
     const snapshot = gate?.snapshot();

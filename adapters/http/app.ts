@@ -18,6 +18,7 @@ import type {
   CallRequest,
   ChatMessage,
   OpenSessionInit,
+  ReplicaState,
   SessionView,
 } from "../../src/types.js";
 import { StateHistory } from "../dashboard/history.js";
@@ -65,6 +66,8 @@ export interface HttpScheduler extends MetricsScheduler {
   models(): string[];
   contextWindow(model?: string): number;
   state(): AdminState;
+  /** One replica's part of `state()`. */
+  replicaState(id: string): ReplicaState | undefined;
   readyReplicas(): number;
 }
 
@@ -243,7 +246,7 @@ export function createApp(options: AppOptions): Hono<Env> {
       queueMs: facts?.submittedAt !== undefined ? clock.now() - facts.submittedAt : undefined,
       replicaState:
         replica && (refusal.reason === "token_budget_exhausted" || refusal.reason === "worker_overloaded")
-          ? scheduler.state().replicas.find((r) => r.id === replica)
+          ? scheduler.replicaState(replica)
           : undefined,
       rate: facts?.rate,
     });

@@ -26,7 +26,15 @@ describe("refusals after routing name the replica and the time spent", () => {
     const holder = await drive(
       request("/v1/chat/completions", { method: "POST", json: chat({ max_tokens: 500, stream: true }) }),
     );
+    let fleetSnapshots = 0;
+    const state = scheduler.state.bind(scheduler);
+    scheduler.state = () => {
+      fleetSnapshots++;
+      return state();
+    };
     const { response, text } = await call("/v1/chat/completions", { method: "POST", json: chat() });
+    scheduler.state = state;
+    assert.equal(fleetSnapshots, 0, "the refusal's advice reads its own replica, not the fleet's state");
     const error = assertRefusal(response, text, 529, "worker_overloaded");
     assert.equal(response.headers.get("x-sluice-replica"), "sim-0");
     assert.match(response.headers.get("x-sluice-queue-ms") ?? "", /^\d+$/);

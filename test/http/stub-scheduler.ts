@@ -102,6 +102,9 @@ export class StubScheduler implements HttpScheduler {
   state(): AdminState {
     return this.current;
   }
+  replicaState(id: string) {
+    return this.current.replicas.find((replica) => replica.id === id);
+  }
   gates() {
     return [];
   }
