@@ -142,6 +142,7 @@ export async function startGateServer(options: GateServerOptions): Promise<GateS
       server.once("error", reject);
     });
   } catch (err) {
+    api.close();
     await scheduler.stop();
     await engine.close();
     throw err;
@@ -172,6 +173,7 @@ export async function startGateServer(options: GateServerOptions): Promise<GateS
         tracker.cancelAll();
         (server as { closeAllConnections?: () => void }).closeAllConnections?.();
         await closed;
+        api.close();
         await scheduler.stop();
         await engine.close();
       })();

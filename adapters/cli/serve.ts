@@ -366,6 +366,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     });
   } catch (err) {
     await jobs.close();
+    app.close();
     await scheduler.stop();
     await natsScaleOut?.frontend.close();
     await Promise.allSettled(engines.map((engine) => engine.close?.()));
@@ -391,6 +392,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       server.close();
       (server as { closeAllConnections?: () => void }).closeAllConnections?.();
       await jobs.close();
+      app.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
       throw err;
@@ -444,6 +446,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
       // another frontend): before the connection closes, so the work taken goes back to the queue.
       await jobs.close();
       await nats?.close();
+      app.close();
       await scheduler.stop();
       await Promise.allSettled(engines.map((engine) => engine.close?.()));
     })();

@@ -185,7 +185,10 @@ export function completionInput(body: CompletionBody): CallInput {
  * responses; the SSE error event of a stream that fails mid-way uses the same
  * renderer.
  */
-export function createApp(options: AppOptions): Hono<Env> {
+/** The HTTP app, and `close()` to stop what it started itself (the dashboard history's sampling). */
+export type SluiceApp = Hono<Env> & { close(): void };
+
+export function createApp(options: AppOptions): SluiceApp {
   validateOptions(options);
   const { scheduler, keys } = options;
   const metrics = options.metrics ?? createMetrics(options.registry ?? new Registry(), scheduler);
@@ -201,6 +204,8 @@ export function createApp(options: AppOptions): Hono<Env> {
   const history = options.history ?? new StateHistory({ scheduler, clock });
   history.onEvent(operatorEventLog(logger, clock));
   history.start();
+  // A history the caller handed in is the caller's to stop; the app stops only the one it made.
+  const stopOwnHistory = options.history ? () => undefined : () => history.stop();
   // The scheduler's `route` event runs inside the submitting request's async context: that is how a refusal
   // decided after routing (budget, deadline, gate) learns its replica without the scheduler knowing about HTTP.
   const requestContext = new AsyncLocalStorage<RequestFacts>();
@@ -706,7 +711,7 @@ export function createApp(options: AppOptions): Hono<Env> {
     complete(c, "chat", c.req.param("id") ?? ""),
   );
 
-  return app;
+  return Object.assign(app, { close: stopOwnHistory });
 }
 
 /** The Node request stream behind a request served by @hono/node-server (absent under `app.request()`). */

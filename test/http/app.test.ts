@@ -2,6 +2,10 @@
 
 import assert from "node:assert/strict";
 import { afterEach, describe, test } from "node:test";
+import { Registry } from "prom-client";
+import { StateHistory } from "../../adapters/dashboard/history.js";
+import { createApp } from "../../adapters/http/app.js";
+import { VirtualClock } from "../../src/clock.js";
 import {
   assertIdle,
   assertRefusal,
@@ -13,6 +17,7 @@ import {
   parseSse,
   rawSse,
 } from "./harness.js";
+import { StubScheduler } from "./stub-scheduler.js";
 
 let h: Harness | undefined;
 afterEach(async () => {
@@ -629,5 +634,22 @@ describe("engine output", () => {
     );
     scheduler.closeSession("quitter");
     assertIdle(scheduler);
+  });
+});
+
+describe("the app's own timers", () => {
+  test("close() stops the dashboard history the app started, and leaves a history it was given running", async () => {
+    const clock = new VirtualClock();
+    const scheduler = new StubScheduler();
+    const own = createApp({ scheduler, clock, registry: new Registry() });
+    assert.equal(clock.pending(), 1, "the history samples on a timer");
+    own.close();
+    assert.equal(clock.pending(), 0, "nothing of the app is left on the clock");
+    const history = new StateHistory({ scheduler, clock });
+    const given = createApp({ scheduler, clock, registry: new Registry(), history });
+    given.close();
+    assert.equal(clock.pending(), 1, "the caller's history is the caller's to stop");
+    history.stop();
+    assert.equal(clock.pending(), 0);
   });
 });

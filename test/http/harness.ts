@@ -93,6 +93,7 @@ export function makeHarness(options: HarnessOptions = {}) {
   }
 
   async function close() {
+    app.close();
     await scheduler.stop();
     await Promise.all(engines.map((engine) => engine.close?.()));
   }
