@@ -1,6 +1,7 @@
 /** @module Overload stages with hysteresis, driven by the p95 interactive queue age per window (SPEC 5). */
 
 import type { Cancel, Clock } from "../clock.js";
+import { DEFAULT_OVERLOAD } from "../config/defaults.js";
 import type { OverloadStage } from "../types.js";
 
 /** How one closed window compared with the objective. */
@@ -129,11 +130,17 @@ export class OverloadController {
     }
     this.clock = options.clock;
     this.objectiveMs = positiveFinite("objectiveMs", options.objectiveMs);
-    this.windowMs = positiveFinite("windowMs", options.windowMs ?? 60_000);
-    this.bulkPauseAfter = positiveInteger("bulkPauseAfter", options.bulkPauseAfter ?? 3);
-    this.shedAfter = positiveInteger("shedAfter", options.shedAfter ?? 2);
-    this.recoverAfter = positiveInteger("recoverAfter", options.recoverAfter ?? 5);
-    const fraction = options.recoverFraction ?? 0.7;
+    this.windowMs = positiveFinite("windowMs", options.windowMs ?? DEFAULT_OVERLOAD.windowMs);
+    this.bulkPauseAfter = positiveInteger(
+      "bulkPauseAfter",
+      options.bulkPauseAfter ?? DEFAULT_OVERLOAD.bulkPauseAfter,
+    );
+    this.shedAfter = positiveInteger("shedAfter", options.shedAfter ?? DEFAULT_OVERLOAD.shedAfter);
+    this.recoverAfter = positiveInteger(
+      "recoverAfter",
+      options.recoverAfter ?? DEFAULT_OVERLOAD.recoverAfter,
+    );
+    const fraction = options.recoverFraction ?? DEFAULT_OVERLOAD.recoverFraction;
     if (!(typeof fraction === "number" && fraction > 0 && fraction <= 1)) {
       throw new RangeError(`recoverFraction should be in (0, 1], got ${fraction}`);
     }

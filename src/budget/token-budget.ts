@@ -1,5 +1,6 @@
 /** @module Per-replica token budget: reservations of `input + max_tokens` against the KV ceiling (SPEC 3.3, 5). */
 
+import { DEFAULT_GUARD_BAND_FRACTION } from "../config/defaults.js";
 import { Refusal } from "../errors.js";
 import type { Lane } from "../types.js";
 
@@ -98,7 +99,7 @@ export class TokenBudget {
       throw new TypeError(`TokenBudget takes an options object, got ${String(options)}`);
     }
     checkTokens("ceilingTokens", options.ceilingTokens);
-    const fraction = options.guardBandFraction ?? 0.1;
+    const fraction = options.guardBandFraction ?? DEFAULT_GUARD_BAND_FRACTION;
     if (!(typeof fraction === "number" && fraction >= 0 && fraction < 1)) {
       throw new RangeError(`guardBandFraction should be in [0, 1), got ${fraction}`);
     }

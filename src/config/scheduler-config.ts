@@ -10,6 +10,12 @@ import { z } from "zod";
 import { DEFAULT_LANE_LIMITS } from "../budget/classify-lane.js";
 import { DEFAULT_AIMD_OPTIONS } from "../sessions/aimd-window.js";
 import { DEFAULT_STALE_AFTER_MS } from "../signals/staleness.js";
+import {
+  DEFAULT_GUARD_BAND_FRACTION,
+  DEFAULT_OVERLOAD,
+  DEFAULT_OVERLOAD_STATUS,
+  DEFAULT_SESSIONS,
+} from "./defaults.js";
 
 const positiveInt = z.number().int().positive();
 const nonNegativeInt = z.number().int().nonnegative();
@@ -51,7 +57,7 @@ export const schedulerConfigSchema = z.strictObject({
       engineRequestWaitingLimit: positiveInt.optional(),
       requestQueueLimit: nonNegativeInt.optional(),
       /** HTTP status of a gate rejection. */
-      overloadStatus: z.number().int().min(400).max(599).default(529),
+      overloadStatus: z.number().int().min(400).max(599).default(DEFAULT_OVERLOAD_STATUS),
     })
     .prefault({}),
   lanes: z
@@ -71,7 +77,7 @@ export const schedulerConfigSchema = z.strictObject({
     .strictObject({
       /** KV ceiling in tokens; undefined takes the engine's KV capacity. */
       ceilingTokens: positiveInt.optional(),
-      guardBandFraction: fraction.default(0.1),
+      guardBandFraction: fraction.default(DEFAULT_GUARD_BAND_FRACTION),
     })
     .prefault({}),
   window: z
@@ -106,11 +112,11 @@ export const schedulerConfigSchema = z.strictObject({
   sessions: z
     .strictObject({
       controlIntervalMs: z.number().positive().default(2000),
-      idleTimeoutMs: z.number().positive().default(120_000),
+      idleTimeoutMs: z.number().positive().default(DEFAULT_SESSIONS.idleTimeoutMs),
       /** Quantile of a session's (or the fleet's) idle gaps taken as its retention time (SPEC 6). */
-      retentionQuantile: z.number().gt(0).max(1).default(0.99),
-      queueLimit: nonNegativeInt.default(1024),
-      waitLimitMs: ms.default(600_000),
+      retentionQuantile: z.number().gt(0).max(1).default(DEFAULT_SESSIONS.retentionQuantile),
+      queueLimit: nonNegativeInt.default(DEFAULT_SESSIONS.queueLimit),
+      waitLimitMs: ms.default(DEFAULT_SESSIONS.waitLimitMs),
       staleSignals: z.enum(["closed", "open"]).default("closed"),
       staleAfterMs: z.number().positive().default(DEFAULT_STALE_AFTER_MS),
     })
@@ -137,12 +143,12 @@ export const schedulerConfigSchema = z.strictObject({
   overload: z
     .strictObject({
       /** Interactive queue-age objective (p95 per window), ms. */
-      objectiveMs: z.number().positive().default(2000),
-      windowMs: z.number().positive().default(60_000),
-      bulkPauseAfter: positiveInt.default(3),
-      shedAfter: positiveInt.default(2),
-      recoverAfter: positiveInt.default(5),
-      recoverFraction: fraction.default(0.7),
+      objectiveMs: z.number().positive().default(DEFAULT_OVERLOAD.objectiveMs),
+      windowMs: z.number().positive().default(DEFAULT_OVERLOAD.windowMs),
+      bulkPauseAfter: positiveInt.default(DEFAULT_OVERLOAD.bulkPauseAfter),
+      shedAfter: positiveInt.default(DEFAULT_OVERLOAD.shedAfter),
+      recoverAfter: positiveInt.default(DEFAULT_OVERLOAD.recoverAfter),
+      recoverFraction: fraction.default(DEFAULT_OVERLOAD.recoverFraction),
     })
     .prefault({}),
 });

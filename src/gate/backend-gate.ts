@@ -1,6 +1,7 @@
 /** @module The per-rank backend gate (SPEC 4) with optional interactive/bulk lanes inside it (SPEC 5). */
 
 import { type Cancel, type Clock, realClock } from "../clock.js";
+import { DEFAULT_OVERLOAD_STATUS } from "../config/defaults.js";
 import { Refusal } from "../errors.js";
 import type { Lane } from "../types.js";
 import { DrainEstimator } from "./drain-estimator.js";
@@ -361,7 +362,11 @@ export class BackendGate {
     this.requestQueueLimit = checkInteger("requestQueueLimit", options.requestQueueLimit, 0);
     this.ranksKnownValue = options.ranks !== undefined;
     this.rankCountValue = options.ranks === undefined ? 1 : checkInteger("ranks", options.ranks, 1);
-    this.overloadStatus = checkInteger("overloadStatus", options.overloadStatus ?? 529, 400);
+    this.overloadStatus = checkInteger(
+      "overloadStatus",
+      options.overloadStatus ?? DEFAULT_OVERLOAD_STATUS,
+      400,
+    );
     if (this.overloadStatus > 599)
       throw new RangeError(`overloadStatus must be ≤ 599, got ${this.overloadStatus}`);
     this.clock = options.clock ?? realClock;

@@ -1,5 +1,6 @@
 /** @module The AIMD session-window law (SPEC 3.5, 6): one control step maps (KV usage, hit rate) to a window size. */
 
+import { DEFAULT_WINDOW_LAW } from "../config/defaults.js";
 import { checkWindowThresholds } from "./window-thresholds.js";
 
 /** Parameters of the window law (defaults from CONCUR). */
@@ -28,10 +29,7 @@ export const DEFAULT_AIMD_OPTIONS: Readonly<AimdOptions> = Object.freeze({
   min: 1,
   max: 1024,
   increase: 2,
-  decrease: 0.5,
-  kvLow: 0.2,
-  kvHigh: 0.5,
-  hitLow: 0.2,
+  ...DEFAULT_WINDOW_LAW,
 });
 
 /** What one control step did. */

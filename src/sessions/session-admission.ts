@@ -8,6 +8,7 @@
  */
 
 import type { Cancel, Clock } from "../clock.js";
+import { DEFAULT_SESSIONS } from "../config/defaults.js";
 import { Refusal } from "../errors.js";
 import type { Lane, SessionPhase, SessionState, SessionView } from "../types.js";
 import { IdleGaps } from "./idle-gaps.js";
@@ -291,7 +292,7 @@ export class SessionAdmission {
     this.options = options;
     this.clock = options.clock;
     this.unit = options.unit ?? "sessions";
-    this.retentionQuantile = options.retentionQuantile ?? 0.9;
+    this.retentionQuantile = options.retentionQuantile ?? DEFAULT_SESSIONS.retentionQuantile;
     this.blockTokens = options.blockTokens ?? 0;
     this.maxSessions = options.maxSessions ?? 100_000;
   }

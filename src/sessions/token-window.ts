@@ -6,6 +6,7 @@
  * `size`.
  */
 
+import { DEFAULT_GUARD_BAND_FRACTION, DEFAULT_WINDOW_LAW } from "../config/defaults.js";
 import { checkRatio, checkWindowThresholds } from "./window-thresholds.js";
 
 /** Parameters of the token law. Every size is in tokens. */
@@ -71,7 +72,7 @@ export function resolveTokenWindowOptions(
 ): TokenWindowOptions {
   const capacity = options.capacityTokens;
   checkTokens("capacityTokens", capacity, 1);
-  const guardBandFraction = options.guardBandFraction ?? 0.1;
+  const guardBandFraction = options.guardBandFraction ?? DEFAULT_GUARD_BAND_FRACTION;
   checkRatio("TokenWindow", "guardBandFraction", guardBandFraction);
   const o: TokenWindowOptions = {
     capacityTokens: capacity,
@@ -80,10 +81,10 @@ export function resolveTokenWindowOptions(
     min: options.min ?? 1,
     max: options.max ?? capacity * MAX_OVER_CAPACITY,
     increase: options.increase ?? Math.max(1, Math.floor(capacity * INCREASE_SHARE)),
-    decrease: options.decrease ?? 0.5,
-    kvLow: options.kvLow ?? 0.2,
-    kvHigh: options.kvHigh ?? 0.5,
-    hitLow: options.hitLow ?? 0.2,
+    decrease: options.decrease ?? DEFAULT_WINDOW_LAW.decrease,
+    kvLow: options.kvLow ?? DEFAULT_WINDOW_LAW.kvLow,
+    kvHigh: options.kvHigh ?? DEFAULT_WINDOW_LAW.kvHigh,
+    hitLow: options.hitLow ?? DEFAULT_WINDOW_LAW.hitLow,
   };
   checkTokens("min", o.min, 1);
   checkTokens("max", o.max, o.min);

@@ -2,6 +2,8 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import fc from "fast-check";
 import { VirtualClock } from "../../src/clock.js";
+import { DEFAULT_SESSIONS } from "../../src/config/defaults.js";
+import { resolveSchedulerConfig } from "../../src/config/scheduler-config.js";
 import { Refusal } from "../../src/errors.js";
 import {
   SessionAdmission,
@@ -157,6 +159,24 @@ describe("token window admission", () => {
     admission.endStep(b, { completed: true, contextTokens: 110 });
     assert.equal(b.retentionMs, 6_000, "a first gap takes the fleet's");
     assert.deepEqual(retention, ["default:15000", "hint:60000", "own:6000", "fleet:6000"]);
+  });
+
+  it("takes its retention quantile's default from the configuration's, built without it", async () => {
+    const { clock, admission, first } = setup({ idleTimeoutMs: 600_000 }, { r1: 100_000 });
+    assert.equal(resolveSchedulerConfig({}).sessions.retentionQuantile, DEFAULT_SESSIONS.retentionQuantile);
+    const a = admission.open("a");
+    const gaps = [...Array.from({ length: 19 }, () => 1_000), 20_000];
+    await admission.acquireStep(a, first, undefined, demand(100, 10));
+    admission.endStep(a, { completed: true, contextTokens: 110 });
+    for (const gap of gaps) {
+      clock.advance(gap);
+      await admission.acquireStep(a, first, undefined, demand(100, 10));
+      admission.endStep(a, { completed: true, contextTokens: 110 });
+    }
+    assert.ok(
+      a.retentionMs >= 20_000,
+      `one long gap in twenty is inside the 0.99 quantile: ${a.retentionMs} ms`,
+    );
   });
 
   it("lets an idle session past its retention go dormant only while others wait, keeping its pin", async () => {
