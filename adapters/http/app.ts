@@ -39,6 +39,7 @@ import {
   SESSION_HEADERS,
   sessionHeaderOf,
 } from "../openai-api/call-headers.js";
+import { chatInput, completionInput } from "../openai-api/call-input.js";
 import { collectCall, sseStream } from "../openai-api/call-response.js";
 import type { ResponseContext } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
@@ -55,21 +56,9 @@ import { CallTracker } from "./call-tracker.js";
 import { lingerThenClose } from "./linger.js";
 import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
 import { adviseRefusal, rateLimitHeaders } from "./refusal-advice.js";
+import type { HttpScheduler } from "./scheduler-port.js";
 
-/** What the HTTP layer needs from the scheduler (`src/scheduler.ts` provides it). */
-export interface HttpScheduler extends MetricsScheduler {
-  readonly config: { window: { kvLow: number; kvHigh: number; hitLow: number } };
-  submit(req: CallRequest): Promise<AdmittedCall>;
-  openSession(init: OpenSessionInit): SessionView;
-  getSession(id: string): SessionView | undefined;
-  closeSession(id: string): boolean;
-  models(): string[];
-  contextWindow(model?: string): number;
-  state(): AdminState;
-  /** One replica's part of `state()`. */
-  replicaState(id: string): ReplicaState | undefined;
-  readyReplicas(): number;
-}
+export type { HttpScheduler } from "./scheduler-port.js";
 
 /** Options of `createApp`. */
 export interface AppOptions {
@@ -164,19 +153,6 @@ function routePattern(path: string): RegExp {
 function sessionKeyOf(c: Context<Env>): string | undefined {
   const named = sessionHeaderOf((name) => c.req.header(name));
   return named ? checkSessionId(named.value, named.name) : undefined;
-}
-
-export function chatInput(body: ChatBody): CallInput {
-  return { kind: "chat", messages: body.messages as ChatMessage[] };
-}
-
-export function completionInput(body: CompletionBody): CallInput {
-  const prompt = body.prompt;
-  if (typeof prompt === "string") return { kind: "text", prompt };
-  const first = prompt[0];
-  if (typeof first === "string") return { kind: "text", prompt: first };
-  if (Array.isArray(first)) return { kind: "tokens", tokens: first };
-  return { kind: "tokens", tokens: prompt as number[] };
 }
 
 /**

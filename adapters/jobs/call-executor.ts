@@ -3,8 +3,9 @@
 import { type Refusal, renderRefusal, tellsToComeBackLater, toRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
-import { chatInput, completionInput, type HttpScheduler } from "../http/app.js";
+import type { HttpScheduler } from "../http/scheduler-port.js";
 import { sessionHeaderOf } from "../openai-api/call-headers.js";
+import { chatInput, completionInput } from "../openai-api/call-input.js";
 import { collectCall } from "../openai-api/call-response.js";
 import {
   type ChatBody,

@@ -3,7 +3,7 @@
 import type { Hono } from "hono";
 import type { Registry } from "prom-client";
 import type { ApiKeys } from "../http/api-keys.js";
-import type { HttpScheduler } from "../http/app.js";
+import type { HttpScheduler } from "../http/scheduler-port.js";
 import { IdempotencyKeys, type IdempotencyLedger, idempotencyMiddleware } from "./idempotency.js";
 import type { JobStore, WorkQueue } from "./job-store.js";
 import { LocalWorkQueue } from "./local-work-queue.js";

@@ -3,8 +3,8 @@
 import type { Context, Hono, MiddlewareHandler } from "hono";
 import { Refusal } from "../../src/errors.js";
 import type { ApiKeyIdentity } from "../http/api-keys.js";
-import type { HttpScheduler } from "../http/app.js";
 import { readJsonBody } from "../http/read-body.js";
+import type { HttpScheduler } from "../http/scheduler-port.js";
 import { declaredLaneOf, positiveMsOf } from "../openai-api/call-headers.js";
 import { checkCallBody, sessionKeyOfHeaders } from "./call-executor.js";
 import { readBodyBytes } from "./idempotency.js";

@@ -1,6 +1,6 @@
 /** @module Runs batches and asynchronous calls from the job store: bounded concurrency, the bulk lane, refusals waited out, results recorded once. */
 
-import type { HttpScheduler } from "../http/app.js";
+import type { HttpScheduler } from "../http/scheduler-port.js";
 import { type BatchLine, parseBatchInput } from "./batch-input.js";
 import { type CallOutcome, executeCall } from "./call-executor.js";
 import type { JobStore, TakenWork, WorkItem, WorkQueue } from "./job-store.js";

@@ -45,7 +45,9 @@ import {
   SUBJECTS,
   sessionEventSubject,
 } from "./protocol.js";
-import type { Handover } from "./session-directory.js";
+import type { Handover, SessionRouter } from "./session-directory.js";
+
+export type { SessionRoute, SessionRouter } from "./session-directory.js";
 
 /** What the NATS service needs from the scheduler (`src/scheduler.ts` provides it). */
 export interface NatsServiceScheduler {
@@ -57,22 +59,6 @@ export interface NatsServiceScheduler {
   addEvents(events: SchedulerEvents): void;
   /** Scale-out hand-over of a session to another frontend (see `Scheduler.releaseSession`). */
   releaseSession?(id: string): Handover | "busy" | undefined;
-}
-
-/** Where a session's requests are served when several frontends share the queue group. */
-export type SessionRoute = { owner: "self" } | { owner: "other"; frontendId: string };
-
-/** Keeps each session's steps on the one frontend that holds it (JetStream KV in `shared-state.ts`). */
-export interface SessionRouter {
-  /**
-   * Decides where a session not open on this frontend is served. With
-   * `claim`, a session no live frontend holds is claimed for this one.
-   */
-  route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute>;
-  /** Before a session is handed over: no write for it from here may land after the new holder's claim. */
-  prepareRelease?(id: string): Promise<void>;
-  /** The hand-over did not happen after all. */
-  cancelRelease?(id: string, view: SessionView): void;
 }
 
 /** Options of {@link startNatsService}. */

@@ -10,9 +10,8 @@
 import { Empty, ErrorCode, type KV, type KvEntry, type NatsConnection, type NatsError } from "nats";
 import { Refusal } from "../../src/errors.js";
 import type { SessionDirectory } from "../../src/sessions/window-authority.js";
-import type { SchedulerEvents, SessionState } from "../../src/types.js";
+import type { SchedulerEvents, SessionState, SessionView } from "../../src/types.js";
 import { frontendSubject, kvKey } from "./protocol.js";
-import type { SessionRoute, SessionRouter } from "./service.js";
 import { isRevisionConflict } from "./window-authority.js";
 
 /** Name of the KV bucket holding the session directory. */
@@ -30,6 +29,22 @@ export interface SessionRecordValue {
   tokens?: number;
   /** Wall-clock time of the write, ms since the epoch (for operators; never compared across machines). */
   at: number;
+}
+
+/** Where a session's requests are served when several frontends share the queue group. */
+export type SessionRoute = { owner: "self" } | { owner: "other"; frontendId: string };
+
+/** Keeps each session's steps on the one frontend that holds it (JetStream KV: the directory below). */
+export interface SessionRouter {
+  /**
+   * Decides where a session not open on this frontend is served. With
+   * `claim`, a session no live frontend holds is claimed for this one.
+   */
+  route(sessionId: string, options: { claim: boolean }): Promise<SessionRoute>;
+  /** Before a session is handed over: no write for it from here may land after the new holder's claim. */
+  prepareRelease?(id: string): Promise<void>;
+  /** The hand-over did not happen after all. */
+  cancelRelease?(id: string, view: SessionView): void;
 }
 
 /** What a frontend handing a session over tells the next holder. */

@@ -224,7 +224,10 @@ describe("docs/results.md", () => {
 
   it("the recorded docs/results.md is what bench/results generates (never edited by hand)", () => {
     const recorded = join(REPO, "docs/results.md");
-    assert.ok(existsSync(recorded), "docs/results.md is recorded in the repository (npx tsx bench/results-doc.ts)");
+    assert.ok(
+      existsSync(recorded),
+      "docs/results.md is recorded in the repository (npx tsx bench/results-doc.ts)",
+    );
     assert.equal(readFileSync(recorded, "utf8"), renderResultsDoc(readResults(join(REPO, "bench/results"))));
   });
 });

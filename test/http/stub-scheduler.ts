@@ -1,6 +1,6 @@
 /** @module A scheduler stand-in with a scripted state and events, for the operator surfaces (metrics, dashboard, logs) where a state shape matters, not a decision. */
 
-import type { HttpScheduler } from "../../adapters/http/app.js";
+import type { HttpScheduler } from "../../adapters/http/scheduler-port.js";
 import { Refusal } from "../../src/errors.js";
 import type { AdminState, ReplicaState, SchedulerEvents } from "../../src/types.js";
 
