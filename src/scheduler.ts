@@ -874,7 +874,7 @@ export class Scheduler {
     const origin = this.responseOrigins.lookup(responseId);
     if (origin === undefined) return undefined;
     const replica = this.byId.get(origin.replica);
-    if (!replica || !replica.healthy()) {
+    if (!replica?.healthy()) {
       throw new Refusal(
         "response_state_lost",
         `response ${JSON.stringify(responseId)} was produced by replica ${origin.replica}, which is ${replica ? "unhealthy" : "gone"}; its state cannot be continued elsewhere: resend the conversation without previous_response_id`,
