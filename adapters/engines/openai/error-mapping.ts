@@ -77,7 +77,9 @@ export function refusalFor(
   if (status === 404) return new Refusal("model_not_found", detail);
   if (
     status === 413 ||
-    (status === 400 && /context length|context window|too long|maximum.*tokens/i.test(message))
+    // vLLM's Responses API words it "The engine prompt length N exceeds the max_model_len M." (serving_responses.py).
+    (status === 400 &&
+      /context length|context window|too long|maximum.*tokens|exceeds the max_model_len/i.test(message))
   ) {
     return new Refusal("context_limit", detail);
   }
