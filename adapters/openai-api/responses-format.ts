@@ -19,6 +19,8 @@ export interface ResponseShape {
   previousResponseId: string | null;
   instructions: string | null;
   maxOutputTokens: number | null;
+  /** Whether the engine keeps the response for a later `previous_response_id`. */
+  store: boolean;
 }
 
 const encoder = new TextEncoder();
@@ -68,6 +70,8 @@ export function responseObject(
     output: done ? [outputMessage(shape, text ?? "", "completed")] : [],
     parallel_tool_calls: true,
     previous_response_id: shape.previousResponseId,
+    reasoning: { effort: null, summary: null },
+    store: shape.store,
     temperature: 1,
     text: { format: { type: "text" } },
     tool_choice: "auto",
@@ -75,6 +79,7 @@ export function responseObject(
     top_p: 1,
     truncation: "disabled",
     usage: done ? responseUsage(result) : null,
+    user: null,
     metadata: {},
   };
 }

@@ -76,9 +76,10 @@ export class SimResponses {
       previousResponseId: previous ?? null,
       instructions: typeof body.instructions === "string" ? body.instructions : null,
       maxOutputTokens: call.maxTokens,
+      store: body.store !== false,
     };
+    const store = shape.store;
     const inner = run({ ...call, promptTokens });
-    const store = body.store !== false;
     const result = inner.result.then((r): EngineResult => {
       if (store && r.finishReason !== "abort" && r.finishReason !== "error") {
         this.remember(shape.id, [...promptTokens, ...(r.outputTokens ?? [])]);
