@@ -375,7 +375,8 @@ export class Scheduler {
       const model = this.resolveModel(req.model);
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
-      const sessionId = req.sessionId ?? origin?.sessionId;
+      // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
+      const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
       const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
@@ -718,6 +719,7 @@ export class Scheduler {
       admittedAt,
       unlinkSignal,
       ...(thrashEpoch !== undefined ? { thrashEpoch } : {}),
+      ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
     });
     // From here the admitted call owns every hold.
     holds.permit = null;
@@ -742,9 +744,17 @@ export class Scheduler {
     const { replica, lane, session, permit, reservation } = held;
     let firstTokenAt: number | undefined;
     let inflight = held.uncached;
-    const origin: ResponseOrigin = { replica: replica.id, ...(session ? { sessionId: session.id } : {}) };
+    const origin: ResponseOrigin = {
+      replica: replica.id,
+      ...(session ? { sessionId: session.id } : {}),
+      ...(held.tenant !== undefined ? { tenant: held.tenant } : {}),
+    };
+    // A disaggregated call's state is on its decode replica, which takes no first leg: not bound there.
+    const remember = (responseId: string) => {
+      if (!this.disaggregated) this.responseOrigins.remember(responseId, origin);
+    };
     return {
-      responded: (responseId: string) => this.responseOrigins.remember(responseId, origin),
+      responded: remember,
       firstToken: () => {
         if (firstTokenAt !== undefined) return;
         firstTokenAt = this.clock.now();
@@ -764,9 +774,7 @@ export class Scheduler {
         inflight = 0;
         replica.callEnded(held.newKvTokens);
         replica.recordCompletion();
-        if (outcome === "ok" && result?.responseId !== undefined) {
-          this.responseOrigins.remember(result.responseId, origin);
-        }
+        if (outcome === "ok" && result?.responseId !== undefined) remember(result.responseId);
         const generated = result?.completionTokens ?? outputTokens.length;
         // Only a call this replica's evidence saw sent (not a decode leg, whose KV was handed over).
         const sentEpoch = held.thrashEpoch;

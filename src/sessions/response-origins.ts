@@ -5,6 +5,8 @@ export interface ResponseOrigin {
   replica: string;
   /** Absent when the call that produced it belonged to no session. */
   sessionId?: string;
+  /** The tenant of the call that produced it: only that tenant's calls continue its session. */
+  tenant?: string;
 }
 
 /** Default number of responses remembered: at ~150 bytes an entry, about 15 MB. */

@@ -197,6 +197,35 @@ describe("POST /v1/responses", () => {
     assertIdle(scheduler);
   });
 
+  test("another tenant's previous_response_id reaches the replica but never joins the producer's session", async () => {
+    const { call, scheduler } = harness({
+      keys: { "sk-tenant-a-123": { tenant: "a" }, "sk-tenant-b-456": { tenant: "b" } },
+    });
+    const asA = { authorization: "Bearer sk-tenant-a-123" };
+    const first = await call("/v1/responses", post(responsesBody(), { ...asA, "x-session-id": "a-agent" }));
+    assert.equal(first.response.status, 200, first.text);
+    const mine = await call(
+      "/v1/responses",
+      post(responsesBody({ previous_response_id: first.json().id }), asA),
+    );
+    assert.equal(mine.response.status, 200, mine.text);
+    assert.equal(scheduler.getSession("a-agent")?.steps, 2, "the producer's tenant continues its session");
+    const theirs = await call(
+      "/v1/responses",
+      post(responsesBody({ previous_response_id: mine.json().id }), {
+        authorization: "Bearer sk-tenant-b-456",
+      }),
+    );
+    assert.equal(theirs.response.status, 200, theirs.text);
+    assert.equal(
+      theirs.response.headers.get("x-sluice-replica"),
+      first.response.headers.get("x-sluice-replica"),
+    );
+    assert.equal(scheduler.getSession("a-agent")?.steps, 2, "another tenant's call is not a step of it");
+    scheduler.closeSession("a-agent");
+    assertIdle(scheduler);
+  });
+
   test("conversation is a session key, as a string or { id }", async () => {
     const { call, scheduler } = harness();
     await call("/v1/responses", post(responsesBody({ conversation: "conv_abc" })));
