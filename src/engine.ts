@@ -1,5 +1,12 @@
 /** @module The `Engine` port: what the scheduler needs from a replica, real or simulated. */
 
+/**
+ * The OpenAI API a call speaks: chat completions, legacy completions, or the
+ * Responses API (`POST /v1/responses`), whose engine keeps each response's state
+ * for a later call's `previous_response_id`.
+ */
+export type CallEndpoint = "chat" | "completions" | "responses";
+
 /** One call handed to an engine after admission. */
 export interface EngineCall {
   requestId: string;
@@ -10,7 +17,8 @@ export interface EngineCall {
   maxTokens: number;
   /** Data-parallel rank the call is bound to, when the engine has several. */
   rank?: number;
-  endpoint: "chat" | "completions";
+  /** A `responses` call must be answered with `raw` bytes in the Responses API's own format (events, or one JSON body). */
+  endpoint: CallEndpoint;
   /** The client's OpenAI request body; HTTP engines forward it, the simulator ignores it. */
   body?: Readonly<Record<string, unknown>>;
   /** Whether the client asked for a stream (HTTP engines forward raw SSE events then). */
@@ -36,8 +44,13 @@ export interface EngineChunk {
   tokenCount: number;
   /** Generated text in this chunk. */
   text: string;
-  /** The upstream's own SSE event bytes, when forwarding a streaming HTTP engine untouched. */
+  /**
+   * The engine's own bytes, forwarded untouched: SSE events of a streaming call, or the whole
+   * JSON body of a non-streaming Responses API call.
+   */
   raw?: Uint8Array;
+  /** Responses API: the id of the response this call produces, on the first chunk that names it. */
+  responseId?: string;
 }
 
 export type FinishReason = "stop" | "length" | "abort" | "error";
@@ -53,6 +66,8 @@ export interface EngineResult {
   outputTokens?: readonly number[];
   /** What a prefill call answered in `kv_transfer_params`: the decode call sends it back (disaggregated serving). */
   kvTransferParams?: Record<string, unknown>;
+  /** Responses API: the id of the response the engine produced and holds the state of. */
+  responseId?: string;
 }
 
 /**

@@ -6,6 +6,7 @@ export type RefusalReason =
   | "unauthorized"
   | "model_not_found"
   | "session_not_found"
+  | "response_state_lost"
   | "context_limit"
   | "overflow"
   | "body_too_large"
@@ -61,6 +62,8 @@ export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   unauthorized: 401,
   model_not_found: 404,
   session_not_found: 404,
+  // The replica that holds a `previous_response_id`'s state is gone, or no longer holds it.
+  response_state_lost: 409,
   context_limit: 413,
   overflow: 413,
   body_too_large: 413,

@@ -37,6 +37,7 @@ import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.j
 import { DisaggregatedPath, type HeldCall } from "./scheduler/disaggregated-path.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
+import { type ResponseOrigin, ResponseOrigins } from "./sessions/response-origins.js";
 import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
@@ -86,6 +87,8 @@ interface CallPlan {
   maxTokens: number;
   lane: Lane;
   session: SessionRecord | undefined;
+  /** Responses API: the replica holding the state of the response this call continues; it goes nowhere else. */
+  boundReplica?: string;
 }
 
 /** What a call holds while it passes steps 4–8; released at once when a step refuses. */
@@ -131,6 +134,8 @@ export class Scheduler {
   private readonly sessionDirectory: SessionDirectory | undefined;
   /** Replica a session was pinned to by another frontend, for its first step here. */
   private readonly pinHints = new Map<string, string>();
+  /** Responses API: which replica produced each recent response (and in which session). */
+  private readonly responseOrigins = new ResponseOrigins();
   private roundRobin = 0;
   /** What the per-replica window control reads and reports through. */
   private readonly windowContext: WindowControlContext;
@@ -381,7 +386,10 @@ export class Scheduler {
       }
       const model = this.resolveModel(req.model);
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
-      const session = req.sessionId === undefined ? undefined : await this.sessionFor(req.sessionId);
+      const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
+      // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
+      const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
+      const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
       const { tokens, complete } = this.tokenize(req.input, contextWindow);
@@ -424,7 +432,14 @@ export class Scheduler {
         );
       }
       this.checkOverloadStage(lane, req.priority ?? 0);
-      return await this.admit(req, { model, tokens, maxTokens, lane, session });
+      return await this.admit(req, {
+        model,
+        tokens,
+        maxTokens,
+        lane,
+        session,
+        ...(origin ? { boundReplica: origin.replica } : {}),
+      });
     } catch (error) {
       // A hint from another frontend is for this session's first admission only.
       if (req.sessionId !== undefined) this.pinHints.delete(req.sessionId);
@@ -497,7 +512,7 @@ export class Scheduler {
     holds: PendingHolds,
   ): Promise<PlacementDecision> {
     const { session, tokens } = call;
-    const eligible = this.eligible(call.model);
+    const eligible = this.boundTo(call, this.eligible(call.model), req.previousResponseId);
     if (eligible.length === 0) {
       throw new Refusal("unavailable", "no healthy replica serves this model", {
         retryAfterSeconds: 1,
@@ -715,6 +730,7 @@ export class Scheduler {
       admittedAt,
       unlinkSignal,
       ...(thrashEpoch !== undefined ? { thrashEpoch } : {}),
+      ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
     });
     // From here the admitted call owns every hold.
     holds.permit = null;
@@ -739,7 +755,17 @@ export class Scheduler {
     const { replica, lane, session, permit, reservation } = held;
     let firstTokenAt: number | undefined;
     let inflight = held.uncached;
+    const origin: ResponseOrigin = {
+      replica: replica.id,
+      ...(session ? { sessionId: session.id } : {}),
+      ...(held.tenant !== undefined ? { tenant: held.tenant } : {}),
+    };
+    // A disaggregated call's state is on its decode replica, which takes no first leg: not bound there.
+    const remember = (responseId: string) => {
+      if (!this.disaggregated) this.responseOrigins.remember(responseId, origin);
+    };
     return {
+      responded: remember,
       firstToken: () => {
         if (firstTokenAt !== undefined) return;
         firstTokenAt = this.clock.now();
@@ -759,6 +785,7 @@ export class Scheduler {
         inflight = 0;
         replica.callEnded(held.newKvTokens);
         replica.recordCompletion();
+        if (outcome === "ok" && result?.responseId !== undefined) remember(result.responseId);
         const generated = result?.completionTokens ?? outputTokens.length;
         // Only a call this replica's evidence saw sent (not a decode leg, whose KV was handed over).
         const sentEpoch = held.thrashEpoch;
@@ -855,6 +882,44 @@ export class Scheduler {
 
   private replicasOf(ids: readonly string[], eligible: readonly ReplicaRuntime[]): ReplicaRuntime[] {
     return eligible.filter((replica) => ids.includes(replica.id));
+  }
+
+  /**
+   * A response continued by a later call (`previous_response_id`) and known here: where it was
+   * produced. Its state lives only on that replica, so a replica gone from the fleet, or
+   * unhealthy, cannot continue it: 409 `response_state_lost` (the client resends the history).
+   */
+  private originOf(responseId: string): ResponseOrigin | undefined {
+    const origin = this.responseOrigins.lookup(responseId);
+    if (origin === undefined) return undefined;
+    const replica = this.byId.get(origin.replica);
+    if (!replica?.healthy()) {
+      throw new Refusal(
+        "response_state_lost",
+        `response ${JSON.stringify(responseId)} was produced by replica ${origin.replica}, which is ${replica ? "unhealthy" : "gone"}; its state cannot be continued elsewhere: resend the conversation without previous_response_id`,
+        { param: "previous_response_id" },
+      );
+    }
+    return origin;
+  }
+
+  /** The replicas a call bound to one replica (its previous response's) may use: that one, or none (409). */
+  private boundTo(
+    call: CallPlan,
+    eligible: ReplicaRuntime[],
+    responseId: string | undefined,
+  ): ReplicaRuntime[] {
+    const bound = call.boundReplica;
+    if (bound === undefined) return eligible;
+    const home = eligible.filter((replica) => replica.id === bound);
+    if (home.length === 0) {
+      throw new Refusal(
+        "response_state_lost",
+        `replica ${bound}, which holds the state of response ${JSON.stringify(responseId)}, cannot take calls (gone, unhealthy or not serving model ${call.model}): resend the conversation without previous_response_id`,
+        { param: "previous_response_id" },
+      );
+    }
+    return home;
   }
 
   /** Replicas a call may be routed to: healthy, serving the model, and not decode-only (decode is placed after). */

@@ -1,6 +1,6 @@
 /** @module Shared vocabulary of the scheduler's API: calls, sessions, lanes, state snapshots, events. */
 
-import type { EngineChunk, EngineResult } from "./engine.js";
+import type { CallEndpoint, EngineChunk, EngineResult } from "./engine.js";
 
 /** A lane a call runs in. */
 export type Lane = "interactive" | "bulk";
@@ -27,7 +27,7 @@ export interface CallRequest {
   requestId: string;
   /** Model name; undefined means the fleet's first model. */
   model?: string;
-  endpoint: "chat" | "completions";
+  endpoint: CallEndpoint;
   input: CallInput;
   /** Requested output tokens; undefined takes the configured default (never the context window). */
   maxTokens?: number;
@@ -37,6 +37,11 @@ export interface CallRequest {
   body?: Record<string, unknown>;
   /** Session key (from a session header or the sessions API); opens a session implicitly when new. */
   sessionId?: string;
+  /**
+   * Responses API: the response this call continues. Its state lives on the replica that
+   * produced it, so the call goes there (and into that call's session when it names none).
+   */
+  previousResponseId?: string;
   /** Declared intent; a large call stays bulk whatever it declares. */
   declaredLane?: Lane;
   /** The client's own time-to-first-token deadline, ms. */

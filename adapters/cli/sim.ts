@@ -144,7 +144,8 @@ export const SIM_COMMAND: CommandSpec = {
   usage: "sluice sim [flags]",
   summary:
     "Runs one simulated vLLM-like replica in real time: POST /v1/chat/completions, POST /v1/completions,\n" +
-    "GET /v1/models, GET /metrics (vLLM metric names), GET /health. Runs until SIGINT or SIGTERM.",
+    "POST /v1/responses, GET /v1/models, GET /metrics (vLLM metric names), GET /health.\n" +
+    "Runs until SIGINT or SIGTERM.",
   settings: SIM_SETTINGS,
   footer: "exit status: 0 after a clean stop, 1 could not start, 2 bad flags",
 };

@@ -9,6 +9,7 @@ import { cors } from "hono/cors";
 import { Registry } from "prom-client";
 import { followAbort } from "../../src/abort.js";
 import { type Clock, realClock } from "../../src/clock.js";
+import type { CallEndpoint } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import { checkSessionId } from "../../src/sessions/session-id.js";
 import type {
@@ -40,9 +41,10 @@ import {
   sessionHeaderOf,
 } from "../openai-api/call-headers.js";
 import { chatInput, completionInput } from "../openai-api/call-input.js";
-import { collectCall, sseStream } from "../openai-api/call-response.js";
+import { collectCall, collectRaw, sseStream } from "../openai-api/call-response.js";
 import type { ResponseContext } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
+import { conversationKeyOf, responsesMessages } from "../openai-api/responses-input.js";
 import {
   type ChatBody,
   type CompletionBody,
@@ -50,6 +52,7 @@ import {
   completionBodySchema,
   openSessionBodySchema,
   parseBody,
+  responsesBodySchema,
 } from "../openai-api/schemas.js";
 import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
 import { CallTracker } from "./call-tracker.js";
@@ -153,6 +156,51 @@ function routePattern(path: string): RegExp {
 function sessionKeyOf(c: Context<Env>): string | undefined {
   const named = sessionHeaderOf((name) => c.req.header(name));
   return named ? checkSessionId(named.value, named.name) : undefined;
+}
+
+/** What the HTTP layer reads from a validated body of each endpoint. */
+interface CallBody {
+  body: Record<string, unknown>;
+  input: CallInput;
+  model: string | undefined;
+  maxTokens: number | undefined;
+  stream: boolean;
+  includeUsage: boolean;
+  /** Responses API: the response this call continues. */
+  previousResponseId?: string;
+  /** Responses API: the `conversation` it names, a session key. */
+  conversation?: string;
+}
+
+/** Validates the body of a chat, completions or Responses API call and reads what sluice needs from it. */
+export function callBodyOf(endpoint: CallEndpoint, json: unknown): CallBody {
+  if (endpoint === "responses") {
+    const body = parseBody(responsesBodySchema, json);
+    const shape: CallBody = {
+      body,
+      input: { kind: "chat", messages: responsesMessages(body) },
+      model: body.model,
+      maxTokens: body.max_output_tokens ?? undefined,
+      stream: body.stream === true,
+      includeUsage: false,
+    };
+    if (typeof body.previous_response_id === "string") shape.previousResponseId = body.previous_response_id;
+    const conversation = conversationKeyOf(body);
+    if (conversation !== undefined) shape.conversation = conversation;
+    return shape;
+  }
+  const body = endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
+  return {
+    body,
+    input: endpoint === "chat" ? chatInput(body as ChatBody) : completionInput(body as CompletionBody),
+    model: body.model,
+    maxTokens:
+      (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
+      body.max_tokens ??
+      undefined,
+    stream: body.stream === true,
+    includeUsage: body.stream_options?.include_usage === true,
+  };
 }
 
 /**
@@ -514,11 +562,7 @@ export function createApp(options: AppOptions): SluiceApp {
 
   // --- completions -----------------------------------------------------------------------------
 
-  const complete = async (
-    c: Context<Env>,
-    endpoint: "chat" | "completions",
-    pathSession: string | undefined,
-  ) => {
+  const complete = async (c: Context<Env>, endpoint: CallEndpoint, pathSession: string | undefined) => {
     const requestId = c.get("requestId");
     if (tracker.isDraining) {
       throw new Refusal("unavailable", "sluice is shutting down; retry on another instance", {
@@ -542,14 +586,11 @@ export function createApp(options: AppOptions): SluiceApp {
     }
 
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
-    const body =
-      endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
+    const shape = callBodyOf(endpoint, json);
+    const { body, maxTokens, stream } = shape;
+    // A Responses API `conversation` is a session key, after the headers.
+    sessionId ??= shape.conversation;
     const identity = c.get("identity");
-    const maxTokens =
-      (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
-      body.max_tokens ??
-      undefined;
-    const stream = body.stream === true;
 
     const end = tracker.begin();
     // Over a real socket a call ends for the tracker only when its response has left (a shutdown that
@@ -569,12 +610,13 @@ export function createApp(options: AppOptions): SluiceApp {
     const req: CallRequest = {
       requestId,
       endpoint,
-      input: endpoint === "chat" ? chatInput(body as ChatBody) : completionInput(body as CompletionBody),
+      input: shape.input,
       stream,
-      body: body as Record<string, unknown>,
+      body,
       signal,
     };
-    if (body.model !== undefined) req.model = body.model;
+    if (shape.model !== undefined) req.model = shape.model;
+    if (shape.previousResponseId !== undefined) req.previousResponseId = shape.previousResponseId;
     if (maxTokens !== undefined) req.maxTokens = maxTokens;
     if (sessionId !== undefined) req.sessionId = sessionId;
     if (declaredLane !== undefined) req.declaredLane = declaredLane;
@@ -607,7 +649,7 @@ export function createApp(options: AppOptions): SluiceApp {
     if (signal.aborted) onAbort();
     facts.replica = call.replica;
     facts.lane = call.lane;
-    const model = body.model ?? scheduler.models()[0] ?? "unknown";
+    const model = shape.model ?? scheduler.models()[0] ?? "unknown";
     call.result.then(
       (result) => {
         const durationMs = clock.now() - facts.startedAt;
@@ -636,7 +678,7 @@ export function createApp(options: AppOptions): SluiceApp {
     );
 
     const ctx: ResponseContext = {
-      id: `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`,
+      id: `${endpoint === "chat" ? "chatcmpl" : endpoint === "completions" ? "cmpl" : "resp"}-${requestId}`,
       created: Math.floor(Date.now() / 1000),
       model,
       endpoint,
@@ -652,7 +694,7 @@ export function createApp(options: AppOptions): SluiceApp {
       const sse = sseStream({
         call,
         ctx,
-        includeUsage: body.stream_options?.include_usage === true,
+        includeUsage: shape.includeUsage,
         renderError: (err) => renderError(err, requestId).body,
         onEnd: finish,
         stallTimeoutMs: options.streamStallTimeoutMs ?? DEFAULT_STREAM_STALL_TIMEOUT_MS,
@@ -668,8 +710,12 @@ export function createApp(options: AppOptions): SluiceApp {
       });
     }
     try {
-      const payload = await collectCall({ call, ctx });
-      return new Response(JSON.stringify(payload), {
+      // The Responses API's body is the engine's own, byte for byte.
+      const payload =
+        endpoint === "responses"
+          ? (await collectRaw(call)).slice().buffer
+          : JSON.stringify(await collectCall({ call, ctx }));
+      return new Response(payload, {
         status: 200,
         headers: { ...headers, "content-type": "application/json" },
       });
@@ -683,6 +729,7 @@ export function createApp(options: AppOptions): SluiceApp {
 
   app.post("/v1/chat/completions", requireKey, rateLimit, (c) => complete(c, "chat", undefined));
   app.post("/v1/completions", requireKey, rateLimit, (c) => complete(c, "completions", undefined));
+  app.post("/v1/responses", requireKey, rateLimit, (c) => complete(c, "responses", undefined));
   app.post("/v1/sessions/:id/chat/completions", requireKey, rateLimit, (c) =>
     complete(c, "chat", c.req.param("id") ?? ""),
   );

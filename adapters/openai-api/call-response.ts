@@ -1,6 +1,7 @@
 /** @module Turns an admitted call into an HTTP response: an SSE stream without buffering, or one JSON body. */
 
 import type { EngineResult } from "../../src/engine.js";
+import { EngineError } from "../../src/errors.js";
 import type { AdmittedCall } from "../../src/types.js";
 import {
   completionBody,
@@ -44,10 +45,16 @@ export interface SseStreamOptions extends CallResponseOptions {
  * sluice writes exactly one, last, after an `event: error` if the engine
  * failed mid-stream. A client that goes away cancels the call at once; one
  * that stays but stops reading cancels it after `stallTimeoutMs`.
+ *
+ * A Responses API call is the engine's events alone: they end with the engine's own
+ * `response.completed` (no `[DONE]`, which that API does not have), and a failure
+ * mid-stream is an `event: error` in that API's shape (`type`, `code`, `message`)
+ * that also carries sluice's error envelope as `error`.
  */
 export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array> {
   const { call, ctx, includeUsage, renderError, onEnd } = options;
   const stallTimeoutMs = options.stallTimeoutMs ?? 0;
+  const responses = ctx.endpoint === "responses";
   const iterator = call[Symbol.asyncIterator]();
   // The outcome is read through iteration; this only keeps a failure from going unhandled.
   call.result.catch(() => {});
@@ -92,7 +99,7 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
     ended = true;
     stopWatchdog();
     if (controller) {
-      controller.enqueue(SSE_DONE);
+      if (!responses) controller.enqueue(SSE_DONE);
       controller.close();
     }
     onEnd();
@@ -109,7 +116,7 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
           const next = await iterator.next();
           if (ended) return;
           if (next.done) {
-            if (!sawRaw) {
+            if (!sawRaw && !responses) {
               const result: EngineResult = await call.result;
               if (ended) return;
               controller.enqueue(sseData(finishChunk(ctx, result.finishReason)));
@@ -125,7 +132,8 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
             controller.enqueue(chunk.raw);
             return;
           }
-          if (chunk.text === "" && !first) continue;
+          // The Responses API is written by its engine only; sluice has no text events of its own for it.
+          if (responses || (chunk.text === "" && !first)) continue;
           controller.enqueue(sseData(deltaChunk(ctx, chunk.text, first)));
           first = false;
           return;
@@ -133,7 +141,8 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
       } catch (err) {
         if (ended) return;
         // Headers and 200 are gone already: the failure travels inside the stream.
-        controller.enqueue(sseEvent("error", renderError(err)));
+        const envelope = renderError(err);
+        controller.enqueue(sseEvent("error", responses ? responsesErrorEvent(envelope) : envelope));
         end(controller);
       }
     },
@@ -144,6 +153,38 @@ export function sseStream(options: SseStreamOptions): ReadableStream<Uint8Array>
       onEnd();
     },
   });
+}
+
+/** A failure mid-stream as the Responses API's `error` event, carrying the envelope's `error` too. */
+function responsesErrorEvent(envelope: unknown): Record<string, unknown> {
+  const error = (envelope as { error?: { code?: unknown; message?: unknown; param?: unknown } }).error ?? {};
+  return {
+    type: "error",
+    code: error.code ?? null,
+    message: error.message ?? "",
+    param: error.param ?? null,
+    error,
+  };
+}
+
+/**
+ * Reads a non-streaming Responses API call to its end: the engine's own body, byte for byte.
+ * Throws when the engine failed, or gave no body of its own.
+ */
+export async function collectRaw(call: AdmittedCall): Promise<Uint8Array> {
+  call.result.catch(() => {});
+  const parts: Uint8Array[] = [];
+  for await (const chunk of call) if (chunk.raw) parts.push(chunk.raw);
+  await call.result;
+  if (parts.length === 0) throw new EngineError(`replica ${call.replica} answered no Responses API body`);
+  if (parts.length === 1) return parts[0]!;
+  const joined = new Uint8Array(parts.reduce((sum, part) => sum + part.byteLength, 0));
+  let at = 0;
+  for (const part of parts) {
+    joined.set(part, at);
+    at += part.byteLength;
+  }
+  return joined;
 }
 
 /** Reads a non-streaming call to its end and builds the OpenAI JSON body. Throws when the engine failed. */

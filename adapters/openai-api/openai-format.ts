@@ -1,15 +1,16 @@
 /** @module OpenAI response shapes sluice writes itself when an engine gives text rather than upstream bytes. */
 
-import type { EngineResult, FinishReason } from "../../src/engine.js";
+import type { CallEndpoint, EngineResult, FinishReason } from "../../src/engine.js";
 
 /** What every response object of one call shares. */
 export interface ResponseContext {
-  /** `chatcmpl-…` or `cmpl-…`. */
+  /** `chatcmpl-…`, `cmpl-…` or `resp-…`. */
   id: string;
   /** Unix seconds. */
   created: number;
   model: string;
-  endpoint: "chat" | "completions";
+  /** A `responses` call is written in the engine's own bytes: sluice adds only its error event, and no `[DONE]`. */
+  endpoint: CallEndpoint;
 }
 
 /** OpenAI usage block, with vLLM's cached-token detail. */

@@ -49,6 +49,39 @@ export const completionBodySchema = z.looseObject({
   ]),
 });
 
+const inputItem = z.looseObject({ type: z.string().optional(), role: z.string().optional() });
+
+/**
+ * `POST /v1/responses` body (OpenAI's Responses API; unknown fields are forwarded). `input` is a
+ * string or a list of items; `previous_response_id` continues a response on the replica that holds
+ * it; `conversation` names a session.
+ */
+export const responsesBodySchema = z.looseObject({
+  model: z.string().min(1).optional(),
+  input: z.union([z.string(), z.array(inputItem).min(1, "input must not be empty")]),
+  instructions: z.string().nullish(),
+  max_output_tokens: tokenCount.nullish(),
+  stream: z.boolean().nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().gt(0).max(1).nullish(),
+  previous_response_id: z
+    .string()
+    .refine(isSessionId, "a response id is 1–256 printable ASCII characters without spaces")
+    .nullish(),
+  conversation: z
+    .union([
+      z.string().refine(isSessionId, "a conversation id is 1–256 printable ASCII characters without spaces"),
+      z.looseObject({
+        id: z
+          .string()
+          .refine(isSessionId, "a conversation id is 1–256 printable ASCII characters without spaces"),
+      }),
+    ])
+    .nullish(),
+  // A background response is fetched later from the replica that ran it (GET /v1/responses/{id}), which sluice does not route.
+  background: z.literal(false, "background responses are not supported through sluice").nullish(),
+});
+
 /** `POST /v1/sessions` body. */
 export const openSessionBodySchema = z.strictObject({
   id: z
@@ -61,6 +94,7 @@ export const openSessionBodySchema = z.strictObject({
 
 export type ChatBody = z.output<typeof chatBodySchema>;
 export type CompletionBody = z.output<typeof completionBodySchema>;
+export type ResponsesBody = z.output<typeof responsesBodySchema>;
 export type OpenSessionBody = z.output<typeof openSessionBodySchema>;
 
 /** Renders a zod path as `messages[0].role`. */

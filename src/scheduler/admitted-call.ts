@@ -9,6 +9,8 @@ export interface CallHoldings {
   firstToken(): void;
   /** Output the call generated, as each chunk passes (the disaggregated path follows its decode KV's growth). */
   generated?(tokens: number): void;
+  /** Responses API: the engine named the response this call produces (its state lives on this call's replica). */
+  responded?(responseId: string): void;
   /** Gives back everything: permit, reservation, session step, in-flight accounting. */
   finish(outcome: CallOutcome, result: EngineResult | undefined, outputTokens: readonly number[]): void;
 }
@@ -92,6 +94,7 @@ export class AdmittedCallImpl implements AdmittedCall {
           this.holdings.generated?.(chunk.tokenCount);
         }
         for (const token of chunk.tokens) this.outputTokens.push(token);
+        if (chunk.responseId !== undefined) this.holdings.responded?.(chunk.responseId);
         yield chunk;
       }
       completed = true;

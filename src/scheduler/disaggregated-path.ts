@@ -89,6 +89,8 @@ export interface HeldCall {
   newKvTokens: number;
   admittedAt: number;
   unlinkSignal: () => void;
+  /** The API key's tenant of the call, when it has one. */
+  tenant?: string;
   /**
    * The replica's thrash-evidence epoch when the call was sent to it (`ThrashEvidence.sent`);
    * absent for a decode leg, which its replica's evidence never saw sent: its end is no evidence.

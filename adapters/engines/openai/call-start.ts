@@ -35,10 +35,23 @@ export interface CallContext {
   ended(): void;
 }
 
+/** Where each kind of call goes on an OpenAI-compatible server. */
+const UPSTREAM_PATHS: Readonly<Record<EngineCall["endpoint"], string>> = {
+  chat: "/v1/chat/completions",
+  completions: "/v1/completions",
+  responses: "/v1/responses",
+};
+
 /** The body sent upstream: the client's, with the admitted model and output cap; streamed when the client streams. */
 export function upstreamBody(call: EngineCall, role: ReplicaRole = "both"): Record<string, unknown> {
   const body: Record<string, unknown> = { ...(call.body ?? {}) };
   body.model = call.model;
+  if (call.endpoint === "responses") {
+    // The Responses API caps output with `max_output_tokens` and has no usage option: its last event carries usage.
+    body.max_output_tokens = call.maxTokens;
+    body.stream = call.stream;
+    return body;
+  }
   if (body.max_completion_tokens !== undefined) {
     body.max_completion_tokens = call.maxTokens;
     delete body.max_tokens;
@@ -112,15 +125,12 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
 
   let response: UpstreamResponse;
   try {
-    response = await context.transport.send(
-      `${context.baseUrl}/v1/${call.endpoint === "chat" ? "chat/completions" : "completions"}`,
-      {
-        method: "POST",
-        headers: callHeaders(context, call),
-        body: JSON.stringify(upstreamBody(call, context.role)),
-        signal,
-      },
-    );
+    response = await context.transport.send(`${context.baseUrl}${UPSTREAM_PATHS[call.endpoint]}`, {
+      method: "POST",
+      headers: callHeaders(context, call),
+      body: JSON.stringify(upstreamBody(call, context.role)),
+      signal,
+    });
   } catch (error) {
     end();
     throw failureBeforeHeaders(context, call, signal, error);
@@ -138,7 +148,7 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
     bodyTimer();
     end();
     if (stopCause(signal) === "client") throw call.signal.reason;
-    throw refusalFor(response, text, context.replicaId);
+    throw refusalFor(response, text, context.replicaId, call);
   }
   return new UpstreamStream(call, response, signal, stop, end);
 }

@@ -1,5 +1,6 @@
 /** @module How an upstream's failures become sluice's: error answers to refusals, error events to `EngineError`s. */
 
+import type { EngineCall } from "../../../src/engine.js";
 import { Refusal, type RefusalReason } from "../../../src/errors.js";
 import type { SseEvent } from "./sse.js";
 import type { UpstreamResponse } from "./transport.js";
@@ -11,6 +12,7 @@ const KNOWN_REASONS: ReadonlySet<string> = new Set<RefusalReason>([
   "unauthorized",
   "model_not_found",
   "session_not_found",
+  "response_state_lost",
   "context_limit",
   "overflow",
   "body_too_large",
@@ -41,8 +43,18 @@ export function upstreamMessage(text: string): { message: string; code?: string 
   }
 }
 
-/** Maps an upstream error answer (before any output) to a refusal the client can act on. */
-export function refusalFor(response: UpstreamResponse, text: string, replica: string): Refusal {
+/**
+ * Maps an upstream error answer (before any output) to a refusal the client can act on. A
+ * Responses API call continuing a previous response that the engine answers 404 (vLLM: "Response
+ * with id '…' not found.") names state this replica does not hold (restarted, or never had it):
+ * 409 `response_state_lost`, never `model_not_found`.
+ */
+export function refusalFor(
+  response: UpstreamResponse,
+  text: string,
+  replica: string,
+  call?: Pick<EngineCall, "endpoint" | "body">,
+): Refusal {
   const status = response.status;
   const { message, code } = upstreamMessage(text);
   const retryAfterSeconds = retryAfterOf(response);
@@ -55,10 +67,19 @@ export function refusalFor(response: UpstreamResponse, text: string, replica: st
   if (status === 429 || status === 529) {
     return new Refusal("worker_overloaded", detail, { scope: "worker", ...retry });
   }
+  if (
+    status === 404 &&
+    call?.endpoint === "responses" &&
+    typeof call.body?.previous_response_id === "string"
+  ) {
+    return new Refusal("response_state_lost", detail, { param: "previous_response_id" });
+  }
   if (status === 404) return new Refusal("model_not_found", detail);
   if (
     status === 413 ||
-    (status === 400 && /context length|context window|too long|maximum.*tokens/i.test(message))
+    // vLLM's Responses API words it "The engine prompt length N exceeds the max_model_len M." (serving_responses.py).
+    (status === 400 &&
+      /context length|context window|too long|maximum.*tokens|exceeds the max_model_len/i.test(message))
   ) {
     return new Refusal("context_limit", detail);
   }

@@ -11,6 +11,12 @@ import { EngineError } from "../../../src/errors.js";
 import { CallStop, stopCause } from "./call-stop.js";
 import { upstreamErrorOf } from "./error-mapping.js";
 import { clientAskedForUsage, inspect, mapFinish, type Usage, usageOf } from "./event-interpretation.js";
+import {
+  inspectResponsesEvent,
+  responseFinishOf,
+  responseOutputText,
+  responseUsageOf,
+} from "./responses-events.js";
 import { type SseEvent, SseSplitter } from "./sse.js";
 import type { UpstreamResponse } from "./transport.js";
 import { describeNetworkError, isRecord, readText } from "./upstream-http.js";
@@ -43,6 +49,8 @@ export class UpstreamStream implements EngineStream {
   private readonly outputTokens: number[] = [];
   private usage: Usage | undefined;
   private kvTransferParams: Record<string, unknown> | undefined;
+  /** Responses API: the id the engine gave this call's response. */
+  private responseId: string | undefined;
   private finish: FinishReason | undefined;
   private readonly seenChoices = new Set<number>();
   private readonly finishedChoices = new Set<number>();
@@ -208,7 +216,18 @@ export class UpstreamStream implements EngineStream {
     }
     const raw = this.call.stream ? event.raw : undefined;
     if (!payload) return raw ? { tokens: [], tokenCount: 0, text: "", raw } : undefined;
-    const info = inspect(payload);
+    let namedId: string | undefined;
+    let info: ReturnType<typeof inspect>;
+    if (this.call.endpoint === "responses") {
+      const read = inspectResponsesEvent(payload);
+      if (read.failure !== undefined)
+        throw this.fail(new EngineError(`upstream failed mid-stream: ${read.failure}`));
+      if (read.responseId !== undefined && this.responseId === undefined) {
+        this.responseId = read.responseId;
+        namedId = read.responseId;
+      }
+      info = read;
+    } else info = inspect(payload);
     if (info.usage) this.usage = info.usage;
     for (const index of info.choices) this.seenChoices.add(index);
     for (const index of info.finishedChoices) this.finishedChoices.add(index);
@@ -224,8 +243,9 @@ export class UpstreamStream implements EngineStream {
       text: info.text,
       event: payload,
     };
+    if (namedId !== undefined) chunk.responseId = namedId;
     if (raw) chunk.raw = raw;
-    else if (!info.generated && info.finish === undefined) return undefined;
+    else if (!info.generated && info.finish === undefined && namedId === undefined) return undefined;
     return chunk;
   }
 
@@ -248,6 +268,10 @@ export class UpstreamStream implements EngineStream {
     }
     const upstreamError = upstreamErrorOf({ raw: new Uint8Array(0), data: text, event: undefined }, payload);
     if (upstreamError !== undefined) throw this.fail(new EngineError(`upstream failed: ${upstreamError}`));
+    if (this.call.endpoint === "responses") {
+      yield* this.wholeResponse(text, payload);
+      return;
+    }
     const choices = Array.isArray(payload.choices) ? payload.choices.filter(isRecord) : [];
     const first = choices[0];
     const message = first && isRecord(first.message) ? first.message : undefined;
@@ -265,6 +289,36 @@ export class UpstreamStream implements EngineStream {
     this.counted = tokenCount;
     this.resolveFirst();
     yield { tokens: [], tokenCount, text: out, event: payload };
+    this.succeed(this.finish ?? "stop");
+  }
+
+  /** A whole Response object (a Responses API call that does not stream): one chunk carrying its exact bytes. */
+  private *wholeResponse(
+    text: string,
+    payload: Record<string, unknown>,
+  ): Generator<UpstreamChunk, void, undefined> {
+    const finish = responseFinishOf(payload);
+    if (finish === "error") {
+      const error =
+        isRecord(payload.error) && typeof payload.error.message === "string" ? payload.error.message : "";
+      throw this.fail(new EngineError(`upstream failed: ${error || "the response failed"}`));
+    }
+    if (typeof payload.id === "string") this.responseId = payload.id;
+    const out = responseOutputText(payload);
+    this.usage = responseUsageOf(payload.usage);
+    this.finish = finish;
+    const tokenCount = this.usage?.completion ?? (out === "" ? 0 : 1);
+    this.counted = tokenCount;
+    this.resolveFirst();
+    const chunk: UpstreamChunk = {
+      tokens: [],
+      tokenCount,
+      text: out,
+      event: payload,
+      raw: new TextEncoder().encode(text),
+    };
+    if (this.responseId !== undefined) chunk.responseId = this.responseId;
+    yield chunk;
     this.succeed(this.finish ?? "stop");
   }
 
@@ -292,6 +346,7 @@ export class UpstreamStream implements EngineStream {
     };
     if (this.outputTokens.length > 0) result.outputTokens = this.outputTokens;
     if (this.kvTransferParams) result.kvTransferParams = this.kvTransferParams;
+    if (this.responseId !== undefined) result.responseId = this.responseId;
     this.resolveResult(result);
   }
 

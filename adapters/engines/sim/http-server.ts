@@ -10,6 +10,7 @@ import type { EngineCall, EngineResult, EngineStream, ReplicaRole } from "../../
 import { Refusal } from "../../../src/errors.js";
 import { PromptTokenizer } from "../../../src/tokens/prompt-tokenizer.js";
 import type { ChatMessage } from "../../../src/types.js";
+import { responsesMessages } from "../../openai-api/responses-input.js";
 import { createSimRegistry } from "./metrics.js";
 import type { PresetName, PresetOverrides } from "./presets.js";
 import { BootstrapRooms, joinPrefill, RoomTaken } from "./sglang-bootstrap.js";
@@ -146,6 +147,13 @@ export function createSimApp(
   app.onError((error, c) => {
     if (error instanceof HttpError)
       return c.json(errorBody(error.message, error.status, error.param), error.status as 400);
+    if (error instanceof Refusal && error.reason === "response_state_lost") {
+      // vLLM's answer to a previous_response_id it does not hold (serving_responses.py, `_make_not_found_error`).
+      return c.json(
+        { error: { message: error.message, type: "invalid_request_error", param: "response_id", code: 404 } },
+        404,
+      );
+    }
     if (error instanceof Refusal) {
       // vLLM answers every request it cannot serve (too long, bad parameters) with 400.
       const status = error.reason === "unavailable" ? 503 : 400;
@@ -267,6 +275,73 @@ export function createSimApp(
 
   app.post("/v1/chat/completions", handle("chat"));
   app.post("/v1/completions", handle("completions"));
+
+  // The Responses API: the engine writes its own events (or Response object), which are sent as they are.
+  app.post("/v1/responses", async function responses(c: Context): Promise<Response> {
+    let body: Json;
+    try {
+      body = (await c.req.json()) as Json;
+    } catch (error) {
+      throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
+    }
+    if (!body || typeof body !== "object" || Array.isArray(body))
+      throw new HttpError("request body must be a JSON object");
+    const model = body.model;
+    if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
+      throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
+    }
+    const input = body.input;
+    if (typeof input !== "string" && !(Array.isArray(input) && input.length > 0)) {
+      throw new HttpError("input must be a string or a non-empty array of items", 400, "input");
+    }
+    const promptTokens = chatTokens(prompts, responsesMessages(body));
+    const room = engine.params.maxModelLen - promptTokens.length;
+    const maxTokens =
+      positiveInt(body.max_output_tokens, "max_output_tokens") ??
+      Math.max(1, Math.min(defaultMaxTokens, room));
+    const stream = body.stream === true;
+    const requestId = c.req.header("x-request-id") ?? randomUUID().replaceAll("-", "");
+    const local = new AbortController();
+    const signal = AbortSignal.any([c.req.raw.signal, local.signal]);
+    const call: EngineCall = {
+      requestId,
+      model: engine.model,
+      promptTokens,
+      maxTokens,
+      endpoint: "responses",
+      body,
+      stream,
+      signal,
+    };
+    const rank = parseRank(c.req.header("x-data-parallel-rank"), body.data_parallel_rank);
+    if (rank !== undefined) call.rank = rank;
+    const running = await engine.generate(call);
+    if (!stream) {
+      let raw = "";
+      const decoder = new TextDecoder();
+      for await (const chunk of running) if (chunk.raw) raw += decoder.decode(chunk.raw);
+      return c.body(raw, 200, { "content-type": "application/json" });
+    }
+    const iterator = running[Symbol.asyncIterator]();
+    const events = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        const next = await iterator.next();
+        if (next.done) controller.close();
+        else if (next.value.raw) controller.enqueue(next.value.raw);
+      },
+      async cancel() {
+        local.abort();
+        await iterator.return?.();
+      },
+    });
+    return new Response(events, {
+      headers: {
+        "content-type": "text/event-stream; charset=utf-8",
+        "cache-control": "no-cache",
+        "x-request-id": requestId,
+      },
+    });
+  });
   return app;
 }
 

@@ -19,6 +19,7 @@ import {
 } from "./presets.js";
 import { type RankCounters, RankSim, type SimCallEvent, type SimStepEvent } from "./rank.js";
 import { SimCall } from "./sim-call.js";
+import { SimResponses } from "./sim-responses.js";
 import { DEFAULT_VOCABULARY, type VocabularyEntry } from "./vocabulary.js";
 
 /** Options of {@link SimEngine}; any {@link SimParams} field overrides the preset. */
@@ -152,6 +153,8 @@ export class SimEngine implements Engine {
   private readonly receiving = new Map<SimCall, Cancel>();
   private readonly vocabulary: readonly VocabularyEntry[];
   private readonly active = new Set<SimCall>();
+  /** Responses API state this replica holds (`previous_response_id`). */
+  readonly responses: SimResponses;
   private closed = false;
 
   constructor(options: SimEngineOptions) {
@@ -191,6 +194,7 @@ export class SimEngine implements Engine {
     const presetName = typeof preset === "string" ? preset : (preset?.base ?? "h100-llama3-8b");
     this.id = id;
     this.model = model ?? PRESET_MODELS[presetName];
+    this.responses = new SimResponses(this.model);
     this.dataParallelSize = dataParallelSize;
     this.seed = seed;
     this.clock = clock;
@@ -227,6 +231,10 @@ export class SimEngine implements Engine {
    */
   generate(call: EngineCall): Promise<EngineStream> {
     try {
+      if (call.endpoint === "responses") {
+        if (this.closed) throw new Refusal("unavailable", `replica ${this.id} is closed`);
+        return Promise.resolve(this.responses.start(call, (running) => this.start(running)));
+      }
       return Promise.resolve(this.start(call));
     } catch (error) {
       return Promise.reject(error);
