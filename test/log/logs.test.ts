@@ -139,12 +139,18 @@ test("window law decisions, stage and health changes are logged with their cause
   assert.match(window.msg, /gpu-a W 64000 → 32000 tokens \(decrease\)/);
   assert.match(String(window.cause), /thrash/);
 
-  // No stage or health events from this scheduler: the history sees the changes in the state it samples.
+  // The scheduler reports stage and health changes as events, with their causes.
   await clock.advanceAsync(1000);
-  scheduler.current.stage = "shedding";
-  scheduler.current.replicas[1]!.healthy = false;
-  scheduler.current.replicas[1]!.signals.stale = true;
-  scheduler.current.replicas[1]!.signals.ageMs = 7_500;
+  scheduler.emit("stage", {
+    from: "normal",
+    to: "shedding",
+    cause: "p95 interactive queue age 3000 ms over 40 calls in the last window",
+  });
+  scheduler.emit("health", {
+    replica: "gpu-b",
+    healthy: false,
+    cause: "its signals are stale (last read 7.5 s ago): its /metrics endpoint cannot be read",
+  });
   await clock.advanceAsync(1000);
   const stage = out.lines().find((l) => l.event === "stage")!;
   assert.equal(stage.level, 40);
@@ -156,7 +162,7 @@ test("window law decisions, stage and health changes are logged with their cause
   assert.match(health.msg, /replica gpu-b unhealthy/);
   assert.match(String(health.cause), /stale \(last read 7\.5 s ago\)/);
 
-  scheduler.current.replicas[1]!.healthy = true;
+  scheduler.emit("health", { replica: "gpu-b", healthy: true, cause: "its signals are fresh again" });
   await clock.advanceAsync(1000);
   const back = out.lines().filter((l) => l.event === "health");
   assert.equal(back.length, 2);
@@ -255,6 +261,7 @@ test("an unreachable upstream is a warning with its cause soon after start-up", 
   }
   assert.ok(warning, "a health line within 5 s");
   assert.equal(warning.level, 40);
-  assert.match(warning.msg, /replica 127\.0\.0\.1:9 unhealthy since start-up/);
+  assert.match(warning.msg, /replica 127\.0\.0\.1:9 unhealthy/);
+  assert.match(String(warning.cause), /since start-up/);
   assert.match(String(warning.cause), /\/metrics endpoint cannot be reached/);
 });
