@@ -12,27 +12,13 @@ import { type Clock, realClock } from "../../src/clock.js";
 import type { CallEndpoint } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import { checkSessionId } from "../../src/sessions/session-id.js";
-import type {
-  AdminState,
-  AdmittedCall,
-  CallInput,
-  CallRequest,
-  ChatMessage,
-  OpenSessionInit,
-  ReplicaState,
-  SessionView,
-} from "../../src/types.js";
+import type { AdmittedCall, CallInput, CallRequest, OpenSessionInit } from "../../src/types.js";
 import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
 import type { JobsEnv, JobsMount } from "../jobs/index.js";
 import { type Logger, silentLogger } from "../log/logger.js";
 import { AccessLog, operatorEventLog } from "../log/operations-log.js";
-import {
-  type CompletedCall,
-  createMetrics,
-  type MetricsScheduler,
-  type SluiceMetrics,
-} from "../metrics/metrics.js";
+import { type CompletedCall, createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import {
   declaredLaneOf,
   expectedIdleMsOf,

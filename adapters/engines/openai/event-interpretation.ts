@@ -18,12 +18,26 @@ export interface Usage {
   cached: number;
 }
 
-export function usageOf(value: unknown): Usage | undefined {
+/** Where an API writes its usage: chat and completions (`prompt_tokens` …) or the Responses API (`input_tokens` …). */
+export interface UsageFields {
+  prompt: string;
+  completion: string;
+  details: string;
+}
+
+const CHAT_USAGE: UsageFields = {
+  prompt: "prompt_tokens",
+  completion: "completion_tokens",
+  details: "prompt_tokens_details",
+};
+
+/** A usage object's token counts, read by the API's field names; cached prompt tokens default to 0. */
+export function usageOf(value: unknown, fields: UsageFields = CHAT_USAGE): Usage | undefined {
   if (!isRecord(value)) return undefined;
-  const prompt = value.prompt_tokens;
-  const completion = value.completion_tokens;
+  const prompt = value[fields.prompt];
+  const completion = value[fields.completion];
   if (typeof prompt !== "number" || typeof completion !== "number") return undefined;
-  const details = value.prompt_tokens_details;
+  const details = value[fields.details];
   const cached = isRecord(details) && typeof details.cached_tokens === "number" ? details.cached_tokens : 0;
   return { prompt, completion, cached };
 }

@@ -5,7 +5,7 @@
  */
 
 import type { FinishReason } from "../../../src/engine.js";
-import type { EventInfo, Usage } from "./event-interpretation.js";
+import { type EventInfo, type Usage, usageOf } from "./event-interpretation.js";
 import { isRecord } from "./upstream-http.js";
 
 /** Events that end a response: the stream closes after one of them (no `[DONE]`). */
@@ -34,13 +34,11 @@ export interface ResponsesEventInfo extends EventInfo {
 
 /** A Response object's usage (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`). */
 export function responseUsageOf(value: unknown): Usage | undefined {
-  if (!isRecord(value)) return undefined;
-  const prompt = value.input_tokens;
-  const completion = value.output_tokens;
-  if (typeof prompt !== "number" || typeof completion !== "number") return undefined;
-  const details = value.input_tokens_details;
-  const cached = isRecord(details) && typeof details.cached_tokens === "number" ? details.cached_tokens : 0;
-  return { prompt, completion, cached };
+  return usageOf(value, {
+    prompt: "input_tokens",
+    completion: "output_tokens",
+    details: "input_tokens_details",
+  });
 }
 
 /** How a Response object ended: `incomplete` for its output cap reads as `length`. */

@@ -212,20 +212,26 @@ export function createSimApp(
     return c.body(text, 200, { "content-type": registry.contentType });
   });
 
+  /** A call's body: a JSON object naming a model this replica serves (or none), as vLLM checks it. */
+  const servedBody = async (c: Context): Promise<Json> => {
+    let body: Json;
+    try {
+      body = (await c.req.json()) as Json;
+    } catch (error) {
+      throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
+    }
+    if (!body || typeof body !== "object" || Array.isArray(body))
+      throw new HttpError("request body must be a JSON object");
+    const model = body.model;
+    if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
+      throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
+    }
+    return body;
+  };
+
   const handle = (kind: "chat" | "completions") =>
     async function completion(c: Context): Promise<Response> {
-      let body: Json;
-      try {
-        body = (await c.req.json()) as Json;
-      } catch (error) {
-        throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
-      }
-      if (!body || typeof body !== "object" || Array.isArray(body))
-        throw new HttpError("request body must be a JSON object");
-      const model = body.model;
-      if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
-        throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
-      }
+      const body = await servedBody(c);
       const promptTokens =
         kind === "chat" ? chatTokens(prompts, body.messages) : completionTokens(prompts, body.prompt);
       const requested =
@@ -278,18 +284,7 @@ export function createSimApp(
 
   // The Responses API: the engine writes its own events (or Response object), which are sent as they are.
   app.post("/v1/responses", async function responses(c: Context): Promise<Response> {
-    let body: Json;
-    try {
-      body = (await c.req.json()) as Json;
-    } catch (error) {
-      throw new HttpError(`request body is not JSON: ${(error as Error).message}`);
-    }
-    if (!body || typeof body !== "object" || Array.isArray(body))
-      throw new HttpError("request body must be a JSON object");
-    const model = body.model;
-    if (model !== undefined && model !== null && !engine.models().includes(String(model))) {
-      throw new HttpError(`The model \`${String(model)}\` does not exist.`, 404, "model");
-    }
+    const body = await servedBody(c);
     const input = body.input;
     if (typeof input !== "string" && !(Array.isArray(input) && input.length > 0)) {
       throw new HttpError("input must be a string or a non-empty array of items", 400, "input");
