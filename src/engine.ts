@@ -125,6 +125,11 @@ export interface EngineSignals {
   kvCapacitySource?: "engine" | "derived" | "configured" | "unknown";
   /** The prefix-cache hit rate the engine itself states as a gauge (0–1, whatever unit it used), for display only. */
   statedHitRate?: number;
+  /**
+   * What an operator must know about how this engine is read, in words: set when its metrics
+   * cannot be read at all (which signals are unknown, which flags stand in for them).
+   */
+  warning?: string;
   /*
    * A second KV tier in host memory (vLLM's CPU offloading connector, LMCache,
    * SGLang HiCache): prefixes evicted from GPU memory that load back over

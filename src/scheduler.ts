@@ -1215,6 +1215,7 @@ export class Scheduler {
               // A ceiling of MAX_SAFE_INTEGER is the budget switched off for want of a capacity.
               tokenBudget: budget !== null && budget.ceiling < Number.MAX_SAFE_INTEGER,
               ...(signals.statedHitRate === undefined ? {} : { statedHitRate: signals.statedHitRate }),
+              ...(signals.warning === undefined ? {} : { warning: signals.warning }),
             },
           }),
     };

@@ -198,6 +198,8 @@ export interface ReplicaState {
     tokenBudget: boolean;
     /** The engine's own hit-rate gauge (0–1), when it publishes one. */
     statedHitRate?: number;
+    /** Set when its metrics cannot be read: what is unknown and which flags stand in for it. */
+    warning?: string;
   };
 }
 

@@ -662,6 +662,17 @@
           : "—",
       );
       table.appendChild(row);
+      if (engine?.warning) {
+        // An engine served without readable metrics: say so under its row, in the server's words.
+        const note = document.createElement("tr");
+        note.className = "engine-warning";
+        note.dataset.replica = r.id;
+        const td = document.createElement("td");
+        td.colSpan = 7;
+        td.textContent = `⚠ ${engine.warning}`;
+        note.appendChild(td);
+        table.appendChild(note);
+      }
     }
     document.getElementById("engine-table").replaceChildren(table);
   }

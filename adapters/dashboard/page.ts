@@ -44,6 +44,7 @@ th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--gri
 th:first-child, td:first-child { text-align: left; }
 #replicas, #engines { grid-column: 1 / -1; overflow-x: auto; }
 tr.budget-off td { color: var(--warn); }
+tr.engine-warning td { color: var(--warn); white-space: normal; font-size: 0.9em; }
 `;
 
 /** Renders the dashboard page with its configuration embedded. */

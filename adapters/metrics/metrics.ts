@@ -195,25 +195,33 @@ export function createMetrics(
     "Sessions waiting for room in a replica's window.",
     (r) => r.window.waiting,
   );
+  // A signal the engine does not publish has no series (docs/engines.md): never a stand-in 0.
+  const measured = (r: AdminState["replicas"][number], field: string, value: number): number | null =>
+    r.engine?.unknown.includes(field) ? null : value;
   perReplica(
     "sluice_replica_kv_usage",
-    "KV cache usage of a replica (0-1), excluding evictable cache.",
-    (r) => r.signals.kvUsage,
+    "KV cache usage of a replica (0-1), excluding evictable cache; absent when the engine does not publish it.",
+    (r) => measured(r, "kvUsage", r.signals.kvUsage),
   );
   perReplica(
     "sluice_replica_prefix_hit_rate",
-    "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1).",
-    (r) => r.signals.hitRate,
+    "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1); absent when the engine does not publish its prefix-cache counters.",
+    (r) => measured(r, "prefixCache", r.signals.hitRate),
   );
   perReplica(
     "sluice_replica_kv_usage_ratio",
     "KV cache usage of a replica (0-1), excluding evictable cache; the same value as sluice_replica_kv_usage.",
-    (r) => r.signals.kvUsage,
+    (r) => measured(r, "kvUsage", r.signals.kvUsage),
   );
   perReplica(
     "sluice_replica_prefix_cache_hit_ratio",
     "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1); the same value as sluice_replica_prefix_hit_rate.",
-    (r) => r.signals.hitRate,
+    (r) => measured(r, "prefixCache", r.signals.hitRate),
+  );
+  perReplica(
+    "sluice_replica_engine_stated_hit_rate",
+    "The prefix cache hit rate the engine states on its own gauge (0-1: SGLang's cache_hit_rate, vLLM V0's gpu_prefix_cache_hit_rate); absent when it states none.",
+    (r) => r.engine?.statedHitRate ?? null,
   );
   perReplica("sluice_replica_healthy", "1 when the replica's signals are fresh and it is reachable.", (r) =>
     r.healthy ? 1 : 0,
@@ -228,18 +236,18 @@ export function createMetrics(
   );
   perReplica(
     "sluice_replica_running_requests",
-    "Calls the engine reports running.",
-    (r) => r.signals.running,
+    "Calls the engine reports running; absent when it does not publish them.",
+    (r) => measured(r, "running", r.signals.running),
   );
   perReplica(
     "sluice_replica_waiting_requests",
-    "Calls the engine reports waiting.",
-    (r) => r.signals.waiting,
+    "Calls the engine reports waiting; absent when it does not publish them.",
+    (r) => measured(r, "waiting", r.signals.waiting),
   );
   perReplica(
     "sluice_replica_token_ceiling",
-    "Token budget ceiling of a replica, tokens.",
-    (r) => r.budget.ceilingTokens,
+    "Token budget ceiling of a replica, tokens; absent while the budget is off (no KV capacity known).",
+    (r) => (r.engine?.tokenBudget === false ? null : r.budget.ceilingTokens),
   );
   perReplica(
     "sluice_replica_reserved_tokens",
@@ -248,8 +256,8 @@ export function createMetrics(
   );
   perReplica(
     "sluice_replica_available_tokens",
-    "Tokens still reservable on a replica (ceiling - reserved - guard band).",
-    (r) => r.budget.availableTokens,
+    "Tokens still reservable on a replica (ceiling - reserved - guard band); absent while the budget is off.",
+    (r) => (r.engine?.tokenBudget === false ? null : r.budget.availableTokens),
   );
   perReplica(
     "sluice_queued_prefill_tokens",

@@ -97,7 +97,7 @@ describe("describeUpstream", () => {
     );
     assert.match(
       describeUpstream("c", "http://h:3", unknownSignals()).warning ?? "",
-      /no vLLM or SGLang metrics/,
+      /answered neither its metrics nor \/health nor \/v1\/models at start-up/,
     );
   });
 });

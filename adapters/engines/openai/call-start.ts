@@ -5,6 +5,7 @@ import type { EngineCall, ReplicaRole } from "../../../src/engine.js";
 import { Refusal } from "../../../src/errors.js";
 import { CallStop, stopCause } from "./call-stop.js";
 import { refusalFor } from "./error-mapping.js";
+import type { Usage } from "./event-interpretation.js";
 import { applyKvTransfer } from "./pd-protocol.js";
 import type { UpstreamResponse, UpstreamTransport } from "./transport.js";
 import { describeNetworkError, isRecord, isSuccess, readText } from "./upstream-http.js";
@@ -33,6 +34,8 @@ export interface CallContext {
   /** A call began (counted until `ended`). */
   began(): void;
   ended(): void;
+  /** The usage a call reported once it succeeded. */
+  observeUsage?(usage: Usage): void;
 }
 
 /** Where each kind of call goes on an OpenAI-compatible server. */
@@ -150,7 +153,15 @@ export async function startUpstreamCall(context: CallContext, call: EngineCall):
     if (stopCause(signal) === "client") throw call.signal.reason;
     throw refusalFor(response, text, context.replicaId, call);
   }
-  return new UpstreamStream(call, response, signal, stop, end);
+  const observe = context.observeUsage;
+  return new UpstreamStream(
+    call,
+    response,
+    signal,
+    stop,
+    end,
+    observe && ((usage) => observe.call(context, usage)),
+  );
 }
 
 function failureBeforeHeaders(

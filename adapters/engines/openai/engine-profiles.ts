@@ -1,6 +1,7 @@
 /**
  * @module Engine profiles: which of vLLM's and SGLang's series mean what, across
- * their versions, and which signals a page leaves unknown.
+ * their versions, and which signals a page leaves unknown; llama.cpp's and TGI's
+ * pages are read in `llamacpp-profile.ts` and `tgi-profile.ts`.
  *
  * One rule runs through it: the engine's own statement wins over a value
  * derived from other series, and a series the page does not carry is
@@ -10,182 +11,35 @@
  */
 
 import type { EngineSignals } from "../../../src/engine.js";
-import type { MetricSample, ParsedExposition } from "./metrics-parser.js";
+import type { MetricSample, ParsedExposition } from "./exposition.js";
+import { LLAMACPP_CORE, llamacppSignals } from "./llamacpp-profile.js";
+import type { CapacitySource, EngineProfileName, ScrapedSignals, SignalField } from "./profile-types.js";
+import {
+  type ByName,
+  clamp01,
+  counterPair,
+  dataParallelSize,
+  groupByName,
+  intLabel,
+  largestPositive,
+  mean,
+  pick,
+  samplesOf,
+  series,
+  sum,
+} from "./series-lookup.js";
+import { TGI_CORE, tgiSignals } from "./tgi-profile.js";
 
-/** Which engine a page came from. */
-export type EngineFlavor = "vllm" | "sglang";
-
-/** Signals a page may fail to state; `prefixCache` covers both prefix-cache counters. */
-export type SignalField =
-  | "kvUsage"
-  | "prefixCache"
-  | "running"
-  | "waiting"
-  | "preemptions"
-  | "kvCapacityTokens"
-  | "blockSize"
-  | "maxNumSeqs"
-  | "hostKvCapacityTokens";
-
-/** Where the KV capacity of a page came from. */
-export type CapacitySource = "engine" | "derived" | "unknown";
-
-/** Signals read from one scrape: everything but the scrape time and health, which the scraper owns. */
-export type ScrapedSignals = Omit<
-  EngineSignals,
-  "readAtMs" | "healthy" | "profile" | "unknown" | "kvCapacitySource"
-> & {
-  flavor: EngineFlavor;
-  /** `vllm-v0`, `vllm-v1`, `vllm` (generation not told apart), `nim`, `sglang`, `sglang-legacy`; `+hybrid` for attention + mamba models. */
-  profile: string;
-  /** Signals the page does not carry; their fields hold placeholders (0, or 1 for the data-parallel size). */
-  unknown: SignalField[];
-  kvCapacitySource: CapacitySource;
-};
-
-/** Samples grouped by name, for lookups by metric. */
-type ByName = Map<string, MetricSample[]>;
-
-function groupByName(samples: readonly MetricSample[]): ByName {
-  const byName: ByName = new Map();
-  for (const sample of samples) {
-    const list = byName.get(sample.name);
-    if (list) list.push(sample);
-    else byName.set(sample.name, [sample]);
-  }
-  return byName;
-}
-
-/**
- * Labels along which an engine repeats one logical value: SGLang exports its
- * scheduler gauges once per tensor-parallel (and expert-parallel) worker, so
- * summing over them would count each request TP times. LMCache keeps its
- * counters once per vLLM worker (`worker_id`), and its lookup client asks
- * every tensor-parallel worker about each prompt, so each worker's lookup
- * counters count every lookup (LMCache PR #1300's page: two lookups, 2.0 on
- * each of four workers).
- */
-const REPLICATED_LABELS = ["tp_rank", "moe_ep_rank", "pid", "worker_id"];
-
-/** One sample per logical series: label sets equal but for `REPLICATED_LABELS` collapse to their largest value. */
-function collapseReplicas(samples: readonly MetricSample[]): MetricSample[] {
-  if (!samples.some((s) => REPLICATED_LABELS.some((l) => l in s.labels))) return [...samples];
-  const groups = new Map<string, MetricSample>();
-  for (const s of samples) {
-    const key = Object.keys(s.labels)
-      .filter((l) => !REPLICATED_LABELS.includes(l))
-      .sort()
-      .map((l) => `${l}=${JSON.stringify(s.labels[l])}`)
-      .join(",");
-    const seen = groups.get(key);
-    if (!seen || (Number.isFinite(s.value) && !(seen.value >= s.value))) groups.set(key, s);
-  }
-  return [...groups.values()];
-}
-
-/**
- * The totals of a family split by `priority`: SGLang with priority scheduling
- * prints each scheduler gauge once per priority and once more with an empty
- * `priority`, which is their total; adding them all would count every request
- * twice. A family without that empty-priority total is kept whole.
- */
-function priorityTotals(samples: readonly MetricSample[]): readonly MetricSample[] {
-  const totals = samples.filter((s) => s.labels.priority === "");
-  return totals.length > 0 && totals.length < samples.length ? totals : samples;
-}
-
-/** The first of several names (newest first) that the page carries with a finite value, one sample per logical series. */
-function pick(byName: ByName, ...names: string[]): MetricSample[] | undefined {
-  for (const name of names) {
-    const found = byName.get(name);
-    // A series whose every sample is NaN says nothing: the next name, or unknown.
-    if (found?.some((s) => Number.isFinite(s.value))) return collapseReplicas(priorityTotals(found));
-  }
-  return undefined;
-}
-
-/** All samples of one name, one per logical series; empty when absent. */
-function series(byName: ByName, name: string): MetricSample[] {
-  const found = byName.get(name);
-  return found ? collapseReplicas(priorityTotals(found)) : [];
-}
-
-/** Sum over label sets (models, ranks); NaN samples count as absent. */
-function sum(samples: readonly MetricSample[] | undefined): number {
-  let total = 0;
-  for (const s of samples ?? []) if (Number.isFinite(s.value)) total += s.value;
-  return total;
-}
-
-/** Mean over label sets: a ratio per rank pools to the mean when ranks are the same size. */
-function mean(samples: readonly MetricSample[] | undefined): number {
-  let total = 0;
-  let count = 0;
-  for (const s of samples ?? []) {
-    if (!Number.isFinite(s.value)) continue;
-    total += s.value;
-    count++;
-  }
-  return count === 0 ? 0 : total / count;
-}
-
-function clamp01(x: number): number {
-  return Math.min(1, Math.max(0, x));
-}
-
-/** A label read as a positive integer, or undefined (absent, `None`, zero, garbage). */
-function intLabel(sample: MetricSample, label: string): number | undefined {
-  const raw = sample.labels[label];
-  if (raw === undefined) return undefined;
-  const value = Number(raw.trim());
-  return Number.isFinite(value) && value > 0 ? Math.floor(value) : undefined;
-}
-
-/** The largest positive finite value of a gauge, floored; undefined when there is none. */
-function largestPositive(samples: readonly MetricSample[]): number | undefined {
-  let best: number | undefined;
-  for (const s of samples) {
-    if (Number.isFinite(s.value) && s.value > 0) best = Math.max(best ?? 0, Math.floor(s.value));
-  }
-  return best;
-}
-
-/**
- * Data-parallel size: the number of distinct `dp_rank` (SGLang) or `engine`
- * (vLLM V1, one engine core per DP rank) label values over every sample of
- * the engine's own series; 1 when neither label appears. Every series counts,
- * not only the gauges read: a rank whose request gauge a page leaves out
- * (SGLang sets some gauges from one rank only) is still a rank.
- */
-function dataParallelSize(samples: Iterable<MetricSample>): number {
-  const dpRanks = new Set<string>();
-  const engines = new Set<string>();
-  for (const s of samples) {
-    const dp = s.labels.dp_rank;
-    if (dp !== undefined) dpRanks.add(dp);
-    const engine = s.labels.engine;
-    if (engine !== undefined) engines.add(engine);
-  }
-  return Math.max(1, dpRanks.size, engines.size);
-}
-
-/** Every sample of the series whose names start with `prefix`. */
-function* samplesOf(byName: ByName, prefix: string): Generator<MetricSample> {
-  for (const [name, list] of byName) if (name.startsWith(prefix)) yield* list;
-}
-
-/** A cumulative counter pair, or undefined when either half is missing (a missing counter is not a zero). */
-function counterPair(
-  byName: ByName,
-  pairs: readonly (readonly [queries: string, hits: string])[],
-): { queries: number; hits: number } | undefined {
-  for (const [queriesName, hitsName] of pairs) {
-    const queries = pick(byName, queriesName);
-    const hits = pick(byName, hitsName);
-    if (queries && hits) return { queries: sum(queries), hits: sum(hits) };
-  }
-  return undefined;
-}
+export {
+  ALL_SIGNAL_FIELDS,
+  type CapacitySource,
+  ENGINE_PROFILES,
+  type EngineFlavor,
+  type EngineProfileName,
+  type ScrapedSignals,
+  type SignalField,
+  unknownEngineSignals,
+} from "./profile-types.js";
 
 // --- vLLM ---------------------------------------------------------------------------------------
 
@@ -585,8 +439,9 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
 
 /**
  * Maps a parsed page to engine signals, or undefined when it neither carries
- * nor declares (`# TYPE`) vLLM's or SGLang's core series, nor carries NIM's (a
- * garbage page, or another server's metrics).
+ * nor declares (`# TYPE`) the core series of vLLM, SGLang, llama.cpp or TGI,
+ * nor carries NIM's (a garbage page, or another server's metrics). A forced
+ * `profile` reads the page as that engine's whatever it carries (`unknown`: never).
  *
  * - Counters and request gauges are summed over label sets (several models,
  *   data-parallel ranks); KV usage, a ratio per rank, is averaged; series
@@ -607,12 +462,31 @@ const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
  *   leaves them absent (one tier). A tier whose size is not stated reads
  *   `hostKvCapacityTokens: 0` and lists `hostKvCapacityTokens` as unknown.
  */
-export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | undefined {
+export function signalsFromExposition(
+  page: ParsedExposition,
+  profile: EngineProfileName = "auto",
+): ScrapedSignals | undefined {
   const byName = groupByName(page.samples);
   const declared = new Set(page.types.keys());
   // A declared family counts: an engine whose stat logger never recorded prints its families'
   // # TYPE lines without a sample, and every signal of such a page is unknown, not the page foreign.
   const carries = (name: string) => byName.has(name) || declared.has(name);
+  switch (profile) {
+    case "vllm":
+      return vllmSignals(byName, declared);
+    case "sglang":
+      return sglangSignals(byName);
+    case "nim":
+      return nimSignals(byName, declared);
+    case "llamacpp":
+      return llamacppSignals(page);
+    case "tgi":
+      return tgiSignals(page);
+    case "unknown":
+      return undefined;
+    case "auto":
+      break;
+  }
   if (VLLM_CORE.some(carries)) return vllmSignals(byName, declared);
   if (SGLANG_CORE.some(carries)) return sglangSignals(byName);
   const sglangUnderscored = renamedPrefix(byName, "sglang_", "sglang:");
@@ -628,5 +502,7 @@ export function signalsFromExposition(page: ParsedExposition): ScrapedSignals | 
   }
   if (byName.has("num_requests_running") && NIM_CORE.some((n) => byName.has(n)))
     return nimSignals(byName, declared);
+  if (LLAMACPP_CORE.some(carries)) return llamacppSignals(page);
+  if (TGI_CORE.some(carries)) return tgiSignals(page);
   return undefined;
 }

@@ -16,6 +16,8 @@ export interface Usage {
   prompt: number;
   completion: number;
   cached: number;
+  /** Whether the upstream stated its cached prompt tokens (`prompt_tokens_details.cached_tokens`, llama.cpp's `timings.cache_n`). */
+  cachedStated?: boolean;
 }
 
 /** Where an API writes its usage: chat and completions (`prompt_tokens` …) or the Responses API (`input_tokens` …). */
@@ -31,15 +33,28 @@ const CHAT_USAGE: UsageFields = {
   details: "prompt_tokens_details",
 };
 
-/** A usage object's token counts, read by the API's field names; cached prompt tokens default to 0. */
-export function usageOf(value: unknown, fields: UsageFields = CHAT_USAGE): Usage | undefined {
+/**
+ * A usage object's token counts, read by the API's field names; cached prompt tokens default to 0.
+ * llama.cpp also states them as `timings.cache_n` beside the usage (prompt tokens reused from its
+ * slot's cache), read when the usage itself does not.
+ */
+export function usageOf(
+  value: unknown,
+  fields: UsageFields = CHAT_USAGE,
+  timings?: unknown,
+): Usage | undefined {
   if (!isRecord(value)) return undefined;
   const prompt = value[fields.prompt];
   const completion = value[fields.completion];
   if (typeof prompt !== "number" || typeof completion !== "number") return undefined;
   const details = value[fields.details];
-  const cached = isRecord(details) && typeof details.cached_tokens === "number" ? details.cached_tokens : 0;
-  return { prompt, completion, cached };
+  if (isRecord(details) && typeof details.cached_tokens === "number") {
+    return { prompt, completion, cached: details.cached_tokens, cachedStated: true };
+  }
+  if (isRecord(timings) && typeof timings.cache_n === "number" && timings.cache_n >= 0) {
+    return { prompt, completion, cached: timings.cache_n, cachedStated: true };
+  }
+  return { prompt, completion, cached: 0 };
 }
 
 /** What one parsed event says about generation. */
@@ -65,7 +80,7 @@ export function inspect(payload: Record<string, unknown>): EventInfo {
     finish: undefined,
     finishedChoices: [],
     choices: [],
-    usage: usageOf(payload.usage),
+    usage: usageOf(payload.usage, CHAT_USAGE, payload.timings),
     usageOnly: false,
   };
   const choices = Array.isArray(payload.choices) ? payload.choices : [];

@@ -1,9 +1,22 @@
-/** @module Scraping and health of one upstream: its metrics page on a timer, `/v1/models`, and SGLang's server info when the page lacks a capacity. */
+/**
+ * @module Scraping and health of one upstream: its metrics page on a timer, `/v1/models`, and the
+ * endpoints that state what a page lacks (SGLang's server info, llama.cpp's `/props` and `/slots`,
+ * TGI's `/info`). An engine whose metrics cannot be read at all is served on its health alone
+ * (`/health`, else `/v1/models`), every signal unknown (docs/engines.md).
+ */
 
 import type { Cancel, Clock } from "../../../src/clock.js";
 import { type EngineSignals, unknownSignals } from "../../../src/engine.js";
-import type { EngineFlavor, ScrapedSignals } from "./engine-profiles.js";
+import type { Usage } from "./event-interpretation.js";
+import { type LlamacppProps, type LlamacppSlots, llamacppProps, llamacppSlots } from "./llamacpp-profile.js";
 import { parseEngineMetrics } from "./metrics-parser.js";
+import {
+  type EngineFlavor,
+  type EngineProfileName,
+  type ScrapedSignals,
+  unknownEngineSignals,
+} from "./profile-types.js";
+import { type TgiInfo, type TgiSignals, tgiInfo } from "./tgi-profile.js";
 import type { UpstreamTransport } from "./transport.js";
 import { isRecord, isSuccess, isUnreachable, readText } from "./upstream-http.js";
 
@@ -27,6 +40,10 @@ export interface ScraperOptions {
   headers(extra: Record<string, string>): Record<string, string>;
   /** KV capacity (tokens) an operator gave for when the engine states none. */
   kvCapacityTokens?: number;
+  /** The profile to read the page with (`--engine-profile`); default `auto` (detected). */
+  profile?: EngineProfileName;
+  /** The replica's name, for the warning an engine without readable metrics carries. */
+  replicaId?: string;
 }
 
 /** SGLang's capacity facts from `/server_info` (`/get_server_info` before 0.5). */
@@ -43,7 +60,20 @@ interface ServerInfo {
 const METRICS_PATHS = ["/metrics", "/v1/metrics"] as const;
 
 /** The upstream answered, with a status that is not a success. */
-class StatusError extends Error {}
+class StatusError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+  ) {
+    super(message);
+  }
+}
+
+/** Prompt tokens and their cached part, as calls reported them (cumulative). */
+interface CallCacheCounters {
+  promptTokens: number;
+  cachedTokens: number;
+}
 
 function positiveInteger(value: unknown): number | undefined {
   return typeof value === "number" && Number.isFinite(value) && value > 0 ? Math.floor(value) : undefined;
@@ -61,6 +91,16 @@ export class UpstreamScraper {
   private modelList: UpstreamModel[] | undefined;
   private serverInfo: ServerInfo | undefined;
   private serverInfoAsked = false;
+  /** llama.cpp: `/props` once it answered; `/slots` as last read (undefined: not read, or switched off). */
+  private llamaProps: LlamacppProps | undefined;
+  private llamaSlots: LlamacppSlots | undefined;
+  private slotsOff = false;
+  /** TGI: `/info` once it answered. */
+  private tgi: TgiInfo | undefined;
+  /** Hit signal from calls (llama.cpp states cached tokens per call, not on its page). */
+  private callCache: CallCacheCounters | undefined;
+  /** Why the metrics could not be read, while the engine is served on its health alone. */
+  private metricsFailure: string | undefined;
   /** The path that served the last engine page; until one has, every path is tried in order. */
   private metricsPath: string | undefined;
   private cancelTick: Cancel | undefined;
@@ -103,12 +143,34 @@ export class UpstreamScraper {
     return this.modelList;
   }
 
+  /**
+   * A call's usage, as the upstream reported it. Only llama.cpp's calls feed the hit signal: its
+   * page states no prefix-cache counter, and every answer states `cached_tokens` (or `cache_n`).
+   */
+  observeUsage(usage: Usage): void {
+    if (this.last?.flavor !== "llamacpp" || !usage.cachedStated) return;
+    this.callCache ??= { promptTokens: 0, cachedTokens: 0 };
+    this.callCache.promptTokens += usage.prompt;
+    this.callCache.cachedTokens += Math.min(usage.cached, usage.prompt);
+  }
+
+  /** Context window the engine states outside `/v1/models` (llama.cpp's slot context, TGI's `max_total_tokens`), tokens. */
+  statedContextTokens(): number | undefined {
+    if (this.last?.flavor === "llamacpp") {
+      const fromSlots = this.llamaSlots?.largestSlotTokens;
+      return fromSlots !== undefined && fromSlots > 0 ? fromSlots : this.llamaProps?.slotContextTokens;
+    }
+    if (this.last?.flavor === "tgi") return this.tgi?.maxTotalTokens;
+    return undefined;
+  }
+
   /** The latest signals, with the operator's capacity standing in for one the engine does not state. */
   signals(): EngineSignals {
     if (!this.last) return { ...unknownSignals(), healthy: this.healthy };
-    const { flavor: _flavor, unknown, kvCapacitySource, ...values } = this.last;
+    const { flavor, unknown, kvCapacitySource, ...values } = this.last as TgiSignals;
+    const { batchMaxTokens, ...plain } = values;
     const signals: EngineSignals = {
-      ...values,
+      ...plain,
       readAtMs: this.lastReadAtMs,
       healthy: this.healthy,
       unknown,
@@ -116,11 +178,13 @@ export class UpstreamScraper {
     };
     const info = this.serverInfo;
     const missing = new Set(unknown);
-    if (info && kvCapacitySource === "unknown" && info.maxTotalNumTokens !== undefined) {
+    if (flavor === "llamacpp") this.mergeLlamacpp(signals, missing);
+    if (flavor === "tgi") this.mergeTgi(signals, missing, batchMaxTokens);
+    if (info && signals.kvCapacitySource === "unknown" && info.maxTotalNumTokens !== undefined) {
       signals.kvCapacityTokens = info.maxTotalNumTokens;
       signals.kvCapacitySource = "engine";
       missing.delete("kvCapacityTokens");
-    } else if (kvCapacitySource === "unknown" && this.options.kvCapacityTokens !== undefined) {
+    } else if (signals.kvCapacitySource === "unknown" && this.options.kvCapacityTokens !== undefined) {
       signals.kvCapacityTokens = this.options.kvCapacityTokens;
       signals.kvCapacitySource = "configured";
       missing.delete("kvCapacityTokens");
@@ -134,7 +198,74 @@ export class UpstreamScraper {
       missing.delete("maxNumSeqs");
     }
     signals.unknown = [...missing];
+    if (flavor === "unknown") signals.warning = this.unreadableWarning(signals);
     return signals;
+  }
+
+  /** llama.cpp: slots and capacity from `/props` and `/slots`, the hit signal from calls. */
+  private mergeLlamacpp(signals: EngineSignals, missing: Set<string>): void {
+    const props = this.llamaProps;
+    const slots = this.llamaSlots;
+    const slotCount = props?.totalSlots ?? slots?.slots;
+    if (slotCount !== undefined) {
+      signals.maxNumSeqs = slotCount;
+      missing.delete("maxNumSeqs");
+    }
+    if (slots && slots.contextTokens > 0) {
+      // Each slot keeps its own KV cache: the pool is their contexts added up.
+      signals.kvCapacityTokens = slots.contextTokens;
+      signals.kvCapacitySource = "engine";
+      missing.delete("kvCapacityTokens");
+    } else if (props?.totalSlots !== undefined && props.slotContextTokens !== undefined) {
+      signals.kvCapacityTokens = props.totalSlots * props.slotContextTokens;
+      signals.kvCapacitySource = "derived";
+      missing.delete("kvCapacityTokens");
+    }
+    if (missing.has("running") && slots) {
+      signals.running = slots.processing;
+      missing.delete("running");
+    }
+    if (this.callCache) {
+      signals.prefixQueryTokens = this.callCache.promptTokens;
+      signals.prefixHitTokens = this.callCache.cachedTokens;
+      missing.delete("prefixCache");
+    }
+  }
+
+  /** TGI: the batch's token pool from `/info`, and the batch's share of it as its KV usage. */
+  private mergeTgi(signals: EngineSignals, missing: Set<string>, batchMaxTokens: number | undefined): void {
+    const info = this.tgi;
+    if (info?.maxBatchTotalTokens !== undefined) {
+      signals.kvCapacityTokens = info.maxBatchTotalTokens;
+      signals.kvCapacitySource = "engine";
+      missing.delete("kvCapacityTokens");
+      if (batchMaxTokens !== undefined) {
+        // TGI reserves each request's prompt and max_new_tokens in the batch: the share reserved.
+        signals.kvUsage = Math.min(1, Math.max(0, batchMaxTokens / info.maxBatchTotalTokens));
+        missing.delete("kvUsage");
+      }
+    }
+    if (info?.maxBatchSize !== undefined) {
+      signals.maxNumSeqs = info.maxBatchSize;
+      missing.delete("maxNumSeqs");
+    }
+  }
+
+  /** What an operator must know about an engine served without readable metrics, and which flags stand in. */
+  private unreadableWarning(signals: EngineSignals): string {
+    const name = this.options.replicaId ?? this.options.baseUrl;
+    const why = this.metricsFailure ?? "metrics not read (--engine-profile unknown)";
+    const budget =
+      signals.kvCapacitySource === "configured"
+        ? `the token budget uses --kv-capacity-tokens (${signals.kvCapacityTokens} tokens)`
+        : `the token budget is off (set --kv-capacity-tokens ${name}=N)`;
+    return (
+      `upstream ${name}: ${why}; served while it answers /health or /v1/models. ` +
+      "Unknown: KV usage, prefix-cache hit rate, running and waiting requests, preemptions, KV capacity, block size, max_num_seqs. " +
+      `The session window stays at its initial size; ${budget}; gate limits come from ` +
+      "--engine-request-limit, --engine-request-waiting-limit and --request-queue-limit (else their defaults). " +
+      "An engine with a profile: --engine-profile vllm|sglang|nim|llamacpp|tgi."
+    );
   }
 
   /**
@@ -153,10 +284,15 @@ export class UpstreamScraper {
 
   private async scrapeOnce(): Promise<EngineSignals> {
     if (this.options.closing.aborted) return this.signals();
+    if (this.options.profile === "unknown") {
+      await this.probeHealth();
+      return this.signals();
+    }
     try {
       const parsed = await this.readPage();
       if (this.options.closing.aborted) return this.signals();
       this.last = parsed;
+      this.metricsFailure = undefined;
       this.lastReadAtMs = this.options.clock.now();
       this.reachable = true;
       if (parsed.flavor === "sglang" && parsed.kvCapacitySource === "unknown" && !this.serverInfoAsked) {
@@ -164,13 +300,78 @@ export class UpstreamScraper {
         this.serverInfoAsked = true;
         await this.fetchServerInfo();
       }
+      if (parsed.flavor === "llamacpp") await this.readLlamacppState();
+      if (parsed.flavor === "tgi" && !this.tgi) await this.readTgiInfo();
     } catch (error) {
       // Only a replica that cannot be reached at all is unhealthy. A /metrics page that hangs, errs or
-      // carries garbage leaves the last signals in place to age: stale signals fail closed for new
-      // sessions (SPEC 6) while active sessions, and the gate, go on.
+      // carries garbage leaves the last signals of an engine read before in place to age: stale
+      // signals fail closed for new sessions (docs/engines.md) while active sessions, and the gate,
+      // go on. An engine never read is served on its health, its signals unknown.
       if (isUnreachable(error)) this.reachable = false;
+      else if (!this.last || this.last.flavor === "unknown") {
+        this.metricsFailure = `its metrics cannot be read (${error instanceof Error ? error.message : String(error)})`;
+        await this.probeHealth();
+      }
     }
     return this.signals();
+  }
+
+  /**
+   * Health of an engine whose metrics say nothing: `/health` (vLLM, SGLang, llama.cpp, TGI), else
+   * `/v1/models` where there is no `/health`. A success is a fresh reading with every signal unknown.
+   */
+  private async probeHealth(): Promise<void> {
+    for (const path of ["/health", "/v1/models"]) {
+      try {
+        await this.getText(path);
+        if (this.options.closing.aborted) return;
+        const forced = this.options.profile;
+        this.last = {
+          ...unknownEngineSignals(),
+          ...(forced !== undefined && forced !== "auto" && forced !== "unknown" ? { profile: forced } : {}),
+        };
+        this.lastReadAtMs = this.options.clock.now();
+        this.reachable = true;
+        return;
+      } catch (error) {
+        // No /health at all (404, 405, 501): /v1/models decides; any other answer (503 while a
+        // model loads) or silence is an engine not serving.
+        const absent = error instanceof StatusError && [404, 405, 501].includes(error.status);
+        if (!(path === "/health" && absent)) {
+          this.reachable = false;
+          return;
+        }
+      }
+    }
+  }
+
+  /** llama.cpp: `/props` until it answered, `/slots` on every scrape unless the server switched it off. */
+  private async readLlamacppState(): Promise<void> {
+    if (!this.llamaProps) {
+      const props = await this.readJson("/props");
+      if (props !== undefined) this.llamaProps = llamacppProps(props);
+    }
+    if (this.slotsOff) return;
+    try {
+      this.llamaSlots = llamacppSlots(JSON.parse(await this.getText("/slots")));
+    } catch (error) {
+      // `--no-slots` answers 501; an older server 404: not asked again.
+      if (error instanceof StatusError && [404, 501].includes(error.status)) this.slotsOff = true;
+    }
+  }
+
+  private async readTgiInfo(): Promise<void> {
+    const body = await this.readJson("/info");
+    if (body !== undefined) this.tgi = tgiInfo(body);
+  }
+
+  /** A JSON resource, or undefined on any failure. Never rejects. */
+  private async readJson(path: string): Promise<unknown> {
+    try {
+      return JSON.parse(await this.getText(path));
+    } catch {
+      return undefined;
+    }
   }
 
   /**
@@ -180,21 +381,21 @@ export class UpstreamScraper {
    */
   private async readPage(): Promise<ScrapedSignals> {
     const paths = this.metricsPath === undefined ? METRICS_PATHS : [this.metricsPath];
-    let failure: unknown;
+    const failures: string[] = [];
     for (const path of paths) {
       try {
-        const parsed = parseEngineMetrics(await this.getText(path));
+        const parsed = parseEngineMetrics(await this.getText(path), this.options.profile);
         if (parsed) {
           this.metricsPath = path;
           return parsed;
         }
-        failure = new Error(`GET ${path}: the page carries no vLLM, SGLang or NIM engine metrics`);
+        failures.push(`GET ${path}: the page carries no vLLM, SGLang, NIM, llama.cpp or TGI engine metrics`);
       } catch (error) {
         if (!(error instanceof StatusError)) throw error;
-        failure = error;
+        failures.push(error.message);
       }
     }
-    throw failure;
+    throw new Error(failures.join("; "));
   }
 
   /** SGLang's server info (its `server_args` and scheduler facts), or undefined when it answers none. Never rejects. */
@@ -273,7 +474,8 @@ export class UpstreamScraper {
         signal,
       });
       const text = await readText(response, this.options.maxScrapeBytes, signal);
-      if (!isSuccess(response)) throw new StatusError(`GET ${path} answered ${response.status}`);
+      if (!isSuccess(response))
+        throw new StatusError(`GET ${path} answered ${response.status}`, response.status);
       return text;
     } finally {
       cancelTimer();

@@ -1,5 +1,5 @@
 /**
- * @module An `Engine` over an OpenAI-compatible HTTP upstream (vLLM, SGLang).
+ * @module An `Engine` over an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp, TGI, any other).
  * It composes the parts that live beside it: `scraper.ts` (signals and
  * health), `call-start.ts` (starting a call, refusals before output),
  * `upstream-stream.ts` (the running call), `event-interpretation.ts` and
@@ -10,7 +10,7 @@ import { type Clock, realClock } from "../../../src/clock.js";
 import type { Engine, EngineCall, EngineSignals, EngineStream, ReplicaRole } from "../../../src/engine.js";
 import { type CallContext, startUpstreamCall } from "./call-start.js";
 import { CallStop } from "./call-stop.js";
-import type { EngineFlavor } from "./engine-profiles.js";
+import type { EngineFlavor, EngineProfileName } from "./engine-profiles.js";
 import {
   bootstrapHostOf,
   type PdProtocol,
@@ -48,6 +48,11 @@ export interface OpenAIUpstreamOptions {
   maxScrapeBytes?: number;
   /** KV capacity in tokens to use when the engine states none (`--kv-capacity-tokens`); the engine's own figure wins. */
   kvCapacityTokens?: number;
+  /**
+   * The profile to read its metrics with (`--engine-profile`): default `auto` (detected from the
+   * page); `unknown` reads no metrics and serves it on its health alone.
+   */
+  profile?: EngineProfileName;
   /** Its role in a disaggregated fleet (`--upstream role=…`); default `both`. */
   role?: ReplicaRole;
   /** The request flow it speaks in that role (`--upstream pd=…`, `pd-protocol.ts`); default `vllm`. */
@@ -91,8 +96,9 @@ function normalizeBaseUrl(raw: string): URL {
  * seen when it happens; a streaming client gets the upstream's SSE events
  * byte for byte (`chunk.raw`, one chunk per event; the closing `[DONE]` is not
  * forwarded, the transport writes its own), a non-streaming client gets text
- * chunks. Signals come from a periodic `/metrics` scrape (vLLM or SGLang
- * names, see `engine-profiles.ts`); a refused connection marks the replica
+ * chunks. Signals come from a periodic `/metrics` scrape (vLLM, SGLang, NIM,
+ * llama.cpp or TGI names, see `engine-profiles.ts`; an engine whose page
+ * cannot be read is served on its health, its signals unknown); a refused connection marks the replica
  * unhealthy until the next good scrape, while a scrape that hangs or returns
  * garbage only lets the signals go stale.
  */
@@ -166,7 +172,9 @@ export class OpenAIUpstreamEngine implements Engine {
       maxScrapeBytes,
       closing: this.closing.signal,
       headers,
+      replicaId: this.id,
       ...(kvCapacityTokens !== undefined ? { kvCapacityTokens } : {}),
+      ...(options.profile !== undefined ? { profile: options.profile } : {}),
     });
     this.callContext = {
       replicaId: this.id,
@@ -186,6 +194,7 @@ export class OpenAIUpstreamEngine implements Engine {
       ended: () => {
         this.calls--;
       },
+      observeUsage: (usage) => this.scraper.observeUsage(usage),
     };
   }
 
@@ -259,11 +268,15 @@ export class OpenAIUpstreamEngine implements Engine {
     return this.scraper.models();
   }
 
-  /** Context window of `model` (default: the first model) in tokens, from `max_model_len`; undefined when not stated. */
+  /**
+   * Context window of `model` (default: the first model) in tokens, from `max_model_len`, else
+   * what the engine states elsewhere (llama.cpp's slot context, TGI's `max_total_tokens`);
+   * undefined when not stated.
+   */
   contextWindow(model?: string): number | undefined {
     const list = this.scraper.models() ?? [];
     const found = model === undefined ? list[0] : list.find((m) => m.id === model);
-    return found?.maxModelLen;
+    return found?.maxModelLen ?? this.scraper.statedContextTokens();
   }
 
   /** Calls started and not yet ended (a call ends when its result settles or its iteration ends). */

@@ -204,10 +204,16 @@ export function describeUpstream(
 ): { line: string; warning?: string } {
   if (!signals.profile) {
     return {
-      line: `sluice: upstream ${name} (${url}): no engine metrics read yet`,
+      line: `sluice: upstream ${name} (${url}): not answering yet`,
       warning:
-        `sluice: warning: upstream ${name} answered no vLLM or SGLang metrics at start-up; ` +
-        "until it does, its signals are unknown and its token budget is off",
+        `sluice: warning: upstream ${name} answered neither its metrics nor /health nor /v1/models at start-up; ` +
+        "it is unhealthy until it answers, and its signals are unknown",
+    };
+  }
+  if (signals.warning !== undefined) {
+    return {
+      line: `sluice: upstream ${name} (${url}): ${signals.profile}; signals unknown`,
+      warning: `sluice: warning: ${signals.warning}`,
     };
   }
   const capacity =

@@ -66,6 +66,8 @@ export class UpstreamStream implements EngineStream {
     private readonly stop: (why: CallStop) => void,
     /** Called once when the call ends, however it ends. */
     private readonly onEnd: () => void,
+    /** Told the usage a call that succeeded reported (the engine's per-call hit signal). */
+    private readonly onUsage?: (usage: Usage) => void,
   ) {
     this.firstToken = new Promise((resolve) => {
       this.resolveFirst = resolve;
@@ -281,7 +283,7 @@ export class UpstreamStream implements EngineStream {
         : typeof message?.content === "string"
           ? message.content
           : "";
-    this.usage = usageOf(payload.usage);
+    this.usage = usageOf(payload.usage, undefined, payload.timings);
     // A prefill's hand-over parameters (vLLM's KV connectors), passed back on the decode call.
     if (isRecord(payload.kv_transfer_params)) this.kvTransferParams = payload.kv_transfer_params;
     this.finish = mapFinish(first?.finish_reason);
@@ -336,6 +338,7 @@ export class UpstreamStream implements EngineStream {
     this.release();
     this.resolveFirst();
     const usage = this.usage;
+    if (usage) this.onUsage?.(usage);
     const result: EngineResult = {
       promptTokens: usage?.prompt ?? this.call.promptTokens.length,
       completionTokens: usage
