@@ -14,9 +14,11 @@ import { Scheduler, type SchedulerOptions } from "../../src/scheduler.js";
 import { OpenAIUpstreamEngine } from "../engines/openai/upstream-engine.js";
 import {
   describeUpstream,
+  parseEngineProfileSpecs,
   parseKvCapacitySpecs,
   parseUpstreamSpec,
   resolveUpstreams,
+  splitUpstreamItems,
   UpstreamSpecError,
 } from "../engines/openai/upstream-spec.js";
 import { simPdFleet } from "../engines/sim/pd-fleet.js";
@@ -65,6 +67,8 @@ export interface ServeOptions {
   upstreams?: string[];
   /** KV capacity for upstreams whose engine states none: `N` for all, `NAME=N` for one. */
   kvCapacityTokens?: string[];
+  /** Profiles to read upstreams' metrics with: `PROFILE` for all, `NAME=PROFILE` for one; default detected. */
+  engineProfiles?: string[];
   /** Engines to serve as they are (tests, embedding); wins over `upstreams` and the simulator. */
   engines?: Engine[];
   /** Simulated replicas when there is no upstream. Default 2. */
@@ -138,7 +142,11 @@ async function buildEngines(
   if (options.engines && options.engines.length > 0) {
     return { engines: options.engines, description: `${options.engines.length} given engine(s)` };
   }
-  const upstreams = resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
+  const upstreams = resolveUpstreams(
+    options.upstreams ?? [],
+    options.kvCapacityTokens ?? [],
+    options.engineProfiles ?? [],
+  );
   if (upstreams.length > 0) {
     const engines = upstreams.map(
       (spec) =>
@@ -149,6 +157,7 @@ async function buildEngines(
           ...(spec.pd !== undefined ? { pd: spec.pd } : {}),
           ...(spec.bootstrapPort !== undefined ? { bootstrapPort: spec.bootstrapPort } : {}),
           ...(spec.kvCapacityTokens !== undefined ? { kvCapacityTokens: spec.kvCapacityTokens } : {}),
+          ...(spec.profile !== undefined ? { profile: spec.profile } : {}),
         }),
     );
     // The first scrape and `/v1/models` settle (never reject) before serving, so the first call knows the models.
@@ -530,9 +539,10 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     path: "upstreams",
     topic: ENGINES,
     schema: z.array(z.string().refine((text) => parses(() => parseUpstreamSpec(text)))),
+    splitItems: splitUpstreamItems,
     placeholder: "<[name=]url|role=…,name=…,url=…>",
     expects:
-      "an http(s) URL, optionally as NAME=URL or role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N]",
+      "an http(s) URL, optionally as NAME=URL or role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N][,profile=PROFILE]",
     help: "OpenAI-compatible engine; NAME is the replica id (default host:port); role=prefill|decode makes a disaggregated fleet speaking vLLM's request flow, or SGLang's PD mode with pd=sglang (docs/disaggregated.md); none: simulated replicas",
   }),
   defineSetting({
@@ -543,6 +553,15 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     placeholder: "<[name=]int>",
     expects: "a positive number of tokens, N or NAME=N",
     help: "KV capacity for an upstream whose engine states none, N (all) or NAME=N; without it that upstream's token budget is off",
+  }),
+  defineSetting({
+    flag: "engine-profile",
+    path: "engineProfiles",
+    topic: ENGINES,
+    schema: z.array(z.string().refine((text) => parses(() => parseEngineProfileSpecs([text])))),
+    placeholder: "<[name=]profile>",
+    expects: "auto, vllm, sglang, nim, llamacpp, tgi or unknown, as PROFILE or NAME=PROFILE",
+    help: "read an upstream's metrics as this engine's, PROFILE (all) or NAME=PROFILE (also profile= in --upstream's key form); default auto: detected from the page; unknown: read no metrics, serve it on /health (docs/engines.md)",
   }),
   defineSetting({
     flag: "log-level",
@@ -683,7 +702,7 @@ export async function serveOptionsFromArgs(
   checkSchedulerSettings(options.config ?? {});
   try {
     // Names distinct, capacities given to names that exist: rules between values.
-    resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? []);
+    resolveUpstreams(options.upstreams ?? [], options.kvCapacityTokens ?? [], options.engineProfiles ?? []);
   } catch (err) {
     if (err instanceof UpstreamSpecError)
       throw new ConfigError(err.message, { flag: err.setting, value: err.value });

@@ -39,6 +39,8 @@ export interface Setting {
   readonly defaultText?: string;
   /** A secret (a key): messages never repeat its value, and an invalid variable stops start-up (fail closed). */
   readonly secret?: boolean;
+  /** A list's items in one text (a flag's value or the variable); default: split at every comma. */
+  readonly splitItems?: (text: string) => string[];
 }
 
 /** What a setting entry states; the rest is derived. */
@@ -55,6 +57,8 @@ export interface SettingSpec {
   expects?: string;
   defaultText?: string;
   secret?: boolean;
+  /** A list whose items may hold commas (`--upstream role=…,name=…,url=…`) splits its text this way. */
+  splitItems?: (text: string) => string[];
 }
 
 interface Def {
@@ -201,6 +205,7 @@ export function defineSetting(spec: SettingSpec): Setting {
     expects,
     ...(spec.defaultText ? { defaultText: spec.defaultText } : {}),
     ...(spec.secret ? { secret: true } : {}),
+    ...(spec.splitItems ? { splitItems: spec.splitItems } : {}),
   };
 }
 
@@ -250,9 +255,10 @@ function parseOne(setting: Setting, raw: string): { value: unknown } | undefined
   return parsed.success ? { value: parsed.data } : undefined;
 }
 
-/** Splits a list value: repeated flags, each comma-separated like the variable; blanks dropped. */
-function listItems(raw: string | readonly string[]): string[] {
-  const parts = (typeof raw === "string" ? [raw] : raw).flatMap((part) => part.split(","));
+/** Splits a list value: repeated flags, each comma-separated like the variable (or as the setting splits it); blanks dropped. */
+function listItems(raw: string | readonly string[], setting?: Setting): string[] {
+  const split = setting?.splitItems ?? ((text: string) => text.split(","));
+  const parts = (typeof raw === "string" ? [raw] : raw).flatMap((part) => split(part));
   return parts.map((part) => part.trim()).filter((part) => part.length > 0);
 }
 
@@ -267,7 +273,7 @@ export function parseSettingText(
 ): { value: unknown } | undefined {
   if (setting.kind === "list") {
     const values: unknown[] = [];
-    for (const item of listItems(raw)) {
+    for (const item of listItems(raw, setting)) {
       const one = parseOne(setting, item);
       if (!one) return undefined;
       values.push(one.value);
@@ -281,7 +287,7 @@ export function parseSettingText(
 /** The first invalid list item (for the message), else the whole text. */
 function offending(setting: Setting, raw: string | readonly string[]): string {
   if (setting.kind === "list") {
-    for (const item of listItems(raw)) if (!parseOne(setting, item)) return item;
+    for (const item of listItems(raw, setting)) if (!parseOne(setting, item)) return item;
   }
   return typeof raw === "string" ? raw : (raw[raw.length - 1] ?? "");
 }

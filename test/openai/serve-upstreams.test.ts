@@ -160,3 +160,96 @@ describe("sluice serve flags", () => {
     );
   });
 });
+
+describe("--engine-profile and --upstream's key form on the command line", () => {
+  const quiet = () => undefined;
+
+  it("keeps each key-form --upstream whole (its keys are comma-separated), and reads the variable's list the same way", async () => {
+    const o = await serveOptionsFromArgs(
+      [
+        "--upstream",
+        "role=prefill,name=p0,url=http://127.0.0.1:9000",
+        "--upstream",
+        "role=decode,name=d0,url=http://127.0.0.1:9001,profile=llamacpp",
+      ],
+      {},
+      quiet,
+    );
+    assert.deepEqual(o.upstreams, [
+      "role=prefill,name=p0,url=http://127.0.0.1:9000",
+      "role=decode,name=d0,url=http://127.0.0.1:9001,profile=llamacpp",
+    ]);
+    const fromEnv = await serveOptionsFromArgs(
+      [],
+      {
+        SLUICE_UPSTREAM:
+          "a=http://10.0.0.1:8000,name=b,url=http://10.0.0.2:8000,profile=tgi,http://10.0.0.3:8000",
+      },
+      quiet,
+    );
+    assert.deepEqual(fromEnv.upstreams, [
+      "a=http://10.0.0.1:8000",
+      "name=b,url=http://10.0.0.2:8000,profile=tgi",
+      "http://10.0.0.3:8000",
+    ]);
+  });
+
+  it("reads --engine-profile PROFILE and NAME=PROFILE; profile= in the key form; a name or profile that does not exist fails start-up", async () => {
+    const o = await serveOptionsFromArgs(
+      ["--upstream", "a=http://h:1", "--upstream", "name=b,url=http://h:2", "--engine-profile", "a=tgi"],
+      {},
+      quiet,
+    );
+    assert.deepEqual(o.engineProfiles, ["a=tgi"]);
+    await assert.rejects(
+      serveOptionsFromArgs(["--upstream", "a=http://h:1", "--engine-profile", "a=ollama"], {}, quiet),
+      (e: unknown) =>
+        e instanceof ConfigError && /--engine-profile/.test(e.message) && /ollama/.test(e.message),
+    );
+    await assert.rejects(
+      serveOptionsFromArgs(["--upstream", "a=http://h:1", "--engine-profile", "z=tgi"], {}, quiet),
+      (e: unknown) => e instanceof ConfigError && /--engine-profile/.test(e.message) && /z/.test(e.message),
+    );
+    await assert.rejects(
+      serveOptionsFromArgs(["--upstream", "name=a,url=http://h:1,profile=nope"], {}, quiet),
+      (e: unknown) => e instanceof ConfigError && /profile=/.test(e.message),
+    );
+  });
+
+  it("--engine-profile unknown reads no metrics: a vLLM page is not scraped, the engine is served on /health", async () => {
+    const vllm = await upstream({
+      "/metrics": page(fixture("vllm-v0-aibrix-runtime.prom")),
+      "/health": (_req, res) => {
+        res.writeHead(200);
+        res.end();
+      },
+      "/v1/models": json(fixture("vllm-v0-aibrix-models.json")),
+    });
+    running = await startServer({
+      port: 0,
+      host: "127.0.0.1",
+      upstreams: [`v=${vllm.url}`],
+      engineProfiles: ["v=unknown"],
+      log: () => undefined,
+    });
+    const replica = running.scheduler.state().replicas[0]!;
+    assert.equal(replica.engine?.profile, "unknown");
+    assert.equal(replica.healthy, true);
+    assert.match(replica.engine?.warning ?? "", /--engine-profile unknown/);
+    assert.ok(!vllm.requests.some((r) => r.path === "/metrics"), "the page was not read");
+  });
+
+  it("a forced profile reads the page as that engine's: --engine-profile tgi on a vLLM page finds none of TGI's series", async () => {
+    const vllm = await upstream({ "/metrics": page(fixture("vllm-v0-aibrix-runtime.prom")) });
+    running = await startServer({
+      port: 0,
+      host: "127.0.0.1",
+      upstreams: [`name=v,url=${vllm.url},profile=tgi`],
+      log: () => undefined,
+    });
+    const replica = running.scheduler.state().replicas[0]!;
+    assert.equal(replica.engine?.profile, "tgi");
+    assert.ok(replica.engine?.unknown.includes("running"));
+    assert.ok(replica.engine?.unknown.includes("waiting"));
+  });
+});

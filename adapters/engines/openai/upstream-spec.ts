@@ -1,11 +1,12 @@
 /**
- * @module Named upstreams: `--upstream [NAME=]URL` (or `role=ROLE,name=NAME,url=URL[,pd=vllm|sglang,bootstrap_port=N]`)
- * and `--kv-capacity-tokens [NAME=]N`,
+ * @module Named upstreams: `--upstream [NAME=]URL` (or `role=ROLE,name=NAME,url=URL[,pd=vllm|sglang,bootstrap_port=N][,profile=P]`),
+ * `--kv-capacity-tokens [NAME=]N` and `--engine-profile [NAME=]PROFILE`,
  * and the start-up lines that say what sluice made of each upstream's metrics.
  */
 
 import type { EngineSignals, ReplicaRole } from "../../../src/engine.js";
 import { PD_PROTOCOLS, type PdProtocol } from "./pd-protocol.js";
+import { ENGINE_PROFILES, type EngineProfileName } from "./profile-types.js";
 
 /** One upstream as configured. */
 export interface UpstreamSpec {
@@ -21,12 +22,14 @@ export interface UpstreamSpec {
   bootstrapPort?: number;
   /** KV capacity (tokens) to use when the engine states none. */
   kvCapacityTokens?: number;
+  /** The profile its metrics are read with; absent: detected (`auto`). */
+  profile?: EngineProfileName;
 }
 
 /** A setting that cannot be read; `setting` names the flag it came from (`--upstream`, `--kv-capacity-tokens`). */
 export class UpstreamSpecError extends Error {
   constructor(
-    readonly setting: "--upstream" | "--kv-capacity-tokens",
+    readonly setting: "--upstream" | "--kv-capacity-tokens" | "--engine-profile",
     readonly expected: string,
     readonly value: string,
   ) {
@@ -40,8 +43,14 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const NAMED = /^([^=:/]+)=(.*)$/;
 
 const ROLES: readonly ReplicaRole[] = ["prefill", "decode", "both"];
-const FIELDS = "role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N]";
-const KEYS = ["role", "name", "url", "pd", "bootstrap_port"];
+const FIELDS =
+  "role=prefill|decode|both,name=NAME,url=URL[,pd=vllm|sglang][,bootstrap_port=N][,profile=PROFILE]";
+const KEYS = ["role", "name", "url", "pd", "bootstrap_port", "profile"];
+const PROFILES_TEXT = ENGINE_PROFILES.join("|");
+
+function isProfile(text: string): text is EngineProfileName {
+  return (ENGINE_PROFILES as readonly string[]).includes(text);
+}
 
 /**
  * Reads the key form `role=prefill,name=p0,url=http://…` (keys in any order;
@@ -93,13 +102,46 @@ function parseFieldSpec(raw: string, text: string): UpstreamSpec {
     }
     spec.bootstrapPort = number;
   }
+  const profile = fields.get("profile");
+  if (profile !== undefined) {
+    if (!isProfile(profile)) {
+      throw new UpstreamSpecError("--upstream", `profile=${PROFILES_TEXT} (${FIELDS})`, raw);
+    }
+    spec.profile = profile;
+  }
   return spec;
+}
+
+/**
+ * Splits a variable's (or one flag's) text into upstreams at commas, keeping a key-form
+ * upstream's own keys together: `role=prefill,name=p0,url=…,role=decode,name=d0,url=…` is two
+ * upstreams, a new one beginning at a key the current one already has, or at a part that is
+ * not a key. Plain URLs and `NAME=URL` items split at every comma.
+ */
+export function splitUpstreamItems(text: string): string[] {
+  const items: string[] = [];
+  let keys: Set<string> | undefined;
+  for (const raw of text.split(",")) {
+    const part = raw.trim();
+    if (part === "") continue;
+    const key = /^([a-z_]+)=/.exec(part)?.[1];
+    const field = key !== undefined && KEYS.includes(key) ? key : undefined;
+    if (keys && field !== undefined && !keys.has(field)) {
+      items[items.length - 1] += `,${part}`;
+      keys.add(field);
+      continue;
+    }
+    items.push(part);
+    keys = field === undefined ? undefined : new Set([field]);
+  }
+  return items;
 }
 
 /** Reads `NAME=URL`, a plain `URL` (named after its host:port) or the key form with a role. */
 export function parseUpstreamSpec(raw: string): UpstreamSpec {
   const text = raw.trim();
-  if (/^(role|name|url|pd|bootstrap_port)=/.test(text) && /[,;]/.test(text)) return parseFieldSpec(raw, text);
+  if (/^(role|name|url|pd|bootstrap_port|profile)=/.test(text) && /[,;]/.test(text))
+    return parseFieldSpec(raw, text);
   if (/^(role|url)=/.test(text)) return parseFieldSpec(raw, text);
   const named = NAMED.exec(text);
   const name = named ? named[1]!.trim() : undefined;
@@ -145,16 +187,39 @@ export function parseKvCapacitySpecs(values: readonly string[]): KvCapacitySpec 
   return spec;
 }
 
+/** `--engine-profile` values: `PROFILE` for every upstream, `NAME=PROFILE` for one. */
+export interface EngineProfileSpec {
+  all?: EngineProfileName;
+  byName: Map<string, EngineProfileName>;
+}
+
+export function parseEngineProfileSpecs(values: readonly string[]): EngineProfileSpec {
+  const spec: EngineProfileSpec = { byName: new Map() };
+  for (const raw of values) {
+    const text = raw.trim();
+    const named = /^([^=]+)=(.*)$/.exec(text);
+    const profile = (named ? named[2]! : text).trim();
+    if (!isProfile(profile)) {
+      throw new UpstreamSpecError("--engine-profile", `a profile, ${PROFILES_TEXT}, or NAME=PROFILE`, raw);
+    }
+    if (named) spec.byName.set(named[1]!.trim(), profile);
+    else spec.all = profile;
+  }
+  return spec;
+}
+
 /**
- * Resolves the configured upstreams: names unique, capacities matched to
+ * Resolves the configured upstreams: names unique, capacities and profiles matched to
  * names. Every upstream is named the same way however many there are — its
  * given name, else its host:port — so a replica keeps its id when another is added.
  */
 export function resolveUpstreams(
   upstreams: readonly string[],
   kvCapacityTokens: readonly string[] = [],
+  engineProfiles: readonly string[] = [],
 ): UpstreamSpec[] {
   const capacity = parseKvCapacitySpecs(kvCapacityTokens);
+  const profiles = parseEngineProfileSpecs(engineProfiles);
   const specs = upstreams.map(parseUpstreamSpec);
   const seen = new Set<string>();
   for (const spec of specs) {
@@ -168,6 +233,9 @@ export function resolveUpstreams(
     seen.add(spec.name);
     const tokens = capacity.byName.get(spec.name) ?? capacity.all;
     if (tokens !== undefined) spec.kvCapacityTokens = tokens;
+    // The upstream's own profile= key wins over the flag's value for every upstream.
+    const profile = profiles.byName.get(spec.name) ?? spec.profile ?? profiles.all;
+    if (profile !== undefined) spec.profile = profile;
   }
   // The prefill and decode replica of a call speak one request flow: the fleet speaks one.
   const flows = new Set(
@@ -184,6 +252,15 @@ export function resolveUpstreams(
     if (!seen.has(name)) {
       throw new UpstreamSpecError(
         "--kv-capacity-tokens",
+        `the name of an --upstream (${[...seen].join(", ")})`,
+        name,
+      );
+    }
+  }
+  for (const name of profiles.byName.keys()) {
+    if (!seen.has(name)) {
+      throw new UpstreamSpecError(
+        "--engine-profile",
         `the name of an --upstream (${[...seen].join(", ")})`,
         name,
       );
