@@ -27,13 +27,23 @@ const KNOWN_REASONS: ReadonlySet<string> = new Set<RefusalReason>([
   "unavailable",
 ]);
 
-/** The message (and code) of an OpenAI-style, FastAPI-style or plain-text error body. */
+/**
+ * The message (and code) of an OpenAI-style, FastAPI-style, TGI-style (`{"error": "…",
+ * "error_type": "…"}`) or plain-text error body. llama.cpp's numeric `code` is its HTTP status;
+ * its `type` names the failure.
+ */
 export function upstreamMessage(text: string): { message: string; code?: string } {
   try {
     const body = JSON.parse(text) as Record<string, unknown>;
+    if (typeof body.error === "string") {
+      return {
+        message: body.error,
+        ...(typeof body.error_type === "string" ? { code: body.error_type } : {}),
+      };
+    }
     const error = isRecord(body.error) ? body.error : body;
     const message = error.message ?? body.detail ?? body.message;
-    const code = error.code ?? error.type;
+    const code = typeof error.code === "string" ? error.code : error.type;
     return {
       message: typeof message === "string" ? message : JSON.stringify(message ?? body),
       ...(typeof code === "string" ? { code } : {}),
@@ -76,10 +86,16 @@ export function refusalFor(
   }
   if (status === 404) return new Refusal("model_not_found", detail);
   if (
+    // llama.cpp: the prompt does not fit its slot's context (400; 500 before it was typed).
+    code === "exceed_context_size_error" ||
+    // TGI: "Input validation error: `inputs` tokens + `max_new_tokens` must be <= N. Given: …" (422).
+    (status === 422 && /tokens.*must be <=/i.test(message)) ||
     status === 413 ||
     // vLLM's Responses API words it "The engine prompt length N exceeds the max_model_len M." (serving_responses.py).
     (status === 400 &&
-      /context length|context window|too long|maximum.*tokens|exceeds the max_model_len/i.test(message))
+      /context length|context window|context size|too long|maximum.*tokens|exceeds the max_model_len/i.test(
+        message,
+      ))
   ) {
     return new Refusal("context_limit", detail);
   }
