@@ -89,7 +89,7 @@ export function refusalFor(
     // llama.cpp: the prompt does not fit its slot's context (400; 500 before it was typed).
     code === "exceed_context_size_error" ||
     // TGI: "Input validation error: `inputs` tokens + `max_new_tokens` must be <= N. Given: …" (422).
-    (status === 422 && /tokens.*must be <=/i.test(message)) ||
+    (status === 422 && /tokens.*must be <=|`inputs` must have less than \d+ tokens/i.test(message)) ||
     status === 413 ||
     // vLLM's Responses API words it "The engine prompt length N exceeds the max_model_len M." (serving_responses.py).
     (status === 400 &&
@@ -103,7 +103,10 @@ export function refusalFor(
     // The client cannot fix sluice's upstream credentials; to it the replica is unavailable.
     return new Refusal("unavailable", detail, { status: 503, scope: "worker", ...retry });
   }
-  if (status >= 400 && status < 500) return new Refusal("invalid_request", detail, { status: 400 });
+  // TGI answers 424 when generation failed on the replica: not the client's request.
+  if (status >= 400 && status < 500 && status !== 424) {
+    return new Refusal("invalid_request", detail, { status: 400 });
+  }
   return new Refusal("unavailable", detail, { status: 503, scope: "worker", ...retry });
 }
 
