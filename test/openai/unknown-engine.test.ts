@@ -176,3 +176,27 @@ describe("an engine whose metrics cannot be read", () => {
     idle(server);
   });
 });
+
+describe("unknown is unknown on /metrics", () => {
+  it("an SGLang page stating cache_hit_rate (87.58…%) but no cached_tokens_total: no hit-rate series, the stated rate on its own gauge", async () => {
+    const { readFileSync } = await import("node:fs");
+    const page = readFileSync(
+      new URL("./fixtures/sglang-pr1461-first-collector.prom", import.meta.url),
+      "utf8",
+    );
+    const up = await upstream({ "/metrics": status(200, page, "text/plain; version=0.0.4") });
+    const { server } = await serve([`sg=${up.url}`]);
+    const replica = server.scheduler.state().replicas[0]!;
+    assert.ok(replica.engine?.unknown.includes("prefixCache"));
+    assert.equal(replica.engine?.warning, undefined, "a page read is not an unreadable engine");
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    assert.ok(!metrics.includes('sluice_replica_prefix_hit_rate{replica="sg"}'));
+    assert.ok(!metrics.includes('sluice_replica_prefix_cache_hit_ratio{replica="sg"}'));
+    const stated = /sluice_replica_engine_stated_hit_rate\{replica="sg"\} (\S+)/.exec(metrics);
+    assert.ok(stated, metrics);
+    assert.ok(Math.abs(Number(stated[1]) - 0.8758777633289988) < 1e-12);
+    // Its KV usage and request gauges are on the page: they have series.
+    assert.match(metrics, /sluice_replica_kv_usage\{replica="sg"\} /);
+    assert.match(metrics, /sluice_replica_running_requests\{replica="sg"\} /);
+  });
+});
