@@ -121,3 +121,34 @@ test("a disaggregated simulated fleet shows each replica's role", async () => {
     .sort();
   assert.deepEqual(roles, ["decode simulated on", "prefill simulated on"]);
 });
+
+test("an engine whose metrics cannot be read: profile unknown, its KV shown unknown, the warning under its row", async () => {
+  // No /metrics route (404); llama.cpp's genuine /health answer (`test/openai/unknown-engine.test.ts` cites it).
+  const plain = await startFakeUpstream({ "/health": respond("application/json", '{"status": "ok" }') });
+  upstreams.push(plain);
+  const server = await startServer({
+    port: 0,
+    host: "127.0.0.1",
+    upstreams: [`plain=${plain.url}`],
+    dashboardPollMs: 200,
+    log: () => {},
+  });
+  servers.push(server);
+  const rows = await engineRows(server);
+  assert.equal(rows.plain?.[2], "unknown");
+  assert.equal(rows.plain?.[4], "OFF: capacity unknown");
+  assert.equal(rows["plain kv"]?.[0], "unknown");
+  const page: Page = await browser.newPage();
+  try {
+    await page.goto(`${server.url}/dashboard`);
+    await page.waitForSelector('#engine-table tr.engine-warning[data-replica="plain"]');
+    const warning = await page.$eval(
+      '#engine-table tr.engine-warning[data-replica="plain"]',
+      (tr) => tr.textContent ?? "",
+    );
+    assert.match(warning, /its metrics cannot be read/);
+    assert.match(warning, /--kv-capacity-tokens plain=N/);
+  } finally {
+    await page.close();
+  }
+});
