@@ -11,6 +11,7 @@ import { choosePlacement, type PlacementCandidate } from "../src/routing/placeme
 import { PrefixIndex } from "../src/routing/prefix-index.js";
 import { PromptTokenizer, renderChatMessage } from "../src/tokens/prompt-tokenizer.js";
 import type { ChatMessage } from "../src/types.js";
+import { PerReplicaIndexes } from "./per-replica-index.js";
 
 const BLOCK = 64;
 const REPLICAS = 8;
@@ -54,9 +55,10 @@ function routingDecision(): Record<string, number> {
   const prompt = [...previous, ...tokenIds(2000, random)];
   const previousHashes = blockHashes(previous, BLOCK);
   indexes[3]!.record(previousHashes);
-  const candidates: PlacementCandidate[] = indexes.map((index, i) => ({
+  const perReplica = new PerReplicaIndexes();
+  for (const [i, index] of indexes.entries()) perReplica.set(`r${i}`, index);
+  const candidates: PlacementCandidate[] = indexes.map((_, i) => ({
     id: `r${i}`,
-    index,
     queuedPrefillTokens: 1000 * i,
     inflightPrefillTokens: 2000,
     prefillTokensPerSecond: 45_000,
@@ -69,6 +71,7 @@ function routingDecision(): Record<string, number> {
       promptTokens: prompt.length,
       hashes,
       candidates,
+      fleetIndex: perReplica,
       blockSize: BLOCK,
       usePrefix: true,
       pinned,

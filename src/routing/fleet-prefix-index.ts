@@ -1,24 +1,21 @@
 /**
- * @module One prefix index for the whole fleet (SPEC 7, 3.6): a tree of chained block hashes whose
- * nodes list the replicas holding the block, so one walk of a prompt's blocks yields every
+ * @module One prefix index for the whole fleet (docs/routing.md): a tree of chained block hashes
+ * whose nodes list the replicas holding the block, so one walk of a prompt's blocks yields every
  * replica's longest unbroken prefix, whatever the fleet size. Each replica keeps its own LRU of
- * (block, replica) entries, sized to its KV capacity in blocks, threaded through the same entries.
+ * (block, replica) entries, sized to its KV capacity in blocks and cut in a GPU and a host tier
+ * (`tiered-lru.ts`), threaded through the same entries.
  *
- * A replica with a host-memory KV tier (docs/tiers.md) keeps a longer LRU: its most recent
- * `capacityBlocks` entries are taken to be in GPU memory and the next `hostCapacityBlocks` in host
- * memory only. That is what a write-back host tier does — a block GPU memory evicts (its least
- * recently used) moves to the head of the host LRU, and one used again moves back — so one LRU cut
- * in two predicts both tiers from what was routed, without KV events.
- *
- * Storage is struct-of-arrays in typed arrays with two open-addressing hash tables (node by
- * (parent, hash), entry by (node, replica)), so an entry costs a few dozen bytes and no JS object.
+ * Storage is struct-of-arrays in typed arrays with two open-addressing tables (`id-table.ts`:
+ * node by (hash, parent), entry by (node, replica)), so an entry costs a few dozen bytes and no JS
+ * object.
  */
+
+import { IdTable, NONE } from "./id-table.js";
+import { GPU, TieredLru } from "./tiered-lru.js";
 
 /** Where a replica is predicted to hold a block: GPU memory, or only host memory (loaded back before use). */
 export type BlockTier = "gpu" | "host";
 
-const GPU = 0;
-const HOST = 1;
 const TIER_NAME: readonly BlockTier[] = ["gpu", "host"];
 
 export interface FleetPrefixIndexOptions {
@@ -47,17 +44,14 @@ export interface FleetPrefixIndexStats {
   liveBytes: number;
 }
 
-const NONE = -1;
 /** Parent id of a first block. */
 const ROOT = -1;
-/** Hash tables grow past this load (linear probing stays short below it)… */
-const MAX_LOAD = 0.7;
-/** …to this load: tables are sized to their count, not to powers of two. */
-const REHASH_LOAD = 0.5;
-/** Bytes per node: hi, lo, parent, holder head, holder count (Int32) and kind (Uint8). */
-const NODE_BYTES = 5 * 4 + 1;
-/** Bytes per entry: node, replica, LRU prev/next, holder prev/next (Int32) and tier (Uint8). */
-const ENTRY_BYTES = 6 * 4 + 1;
+/** Bytes per node: hash low, hash high, parent and kind, holder head, holder count (Int32). */
+const NODE_BYTES = 5 * 4;
+/** Bytes per entry: node, replica, holder prev/next, LRU prev/next (Int32), children (Uint16), tier (Uint8). */
+const ENTRY_BYTES = 6 * 4 + 2 + 1;
+/** A child count at or above this lives in `manyChildren`. */
+const MANY = 0xffff;
 
 /** Hex digit values of lowercase `0-9a-f`, −1 elsewhere (the form `blockHashes` renders). */
 const HEX_VALUE = (() => {
@@ -66,20 +60,9 @@ const HEX_VALUE = (() => {
   return table;
 })();
 
-function mix(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x7feb352d);
-  h ^= h >>> 15;
-  h = Math.imul(h, 0x846ca68b);
-  return h ^ (h >>> 16);
-}
-
-function nodeHash(parent: number, hi: number, lo: number): number {
-  return mix(hi ^ mix(lo ^ Math.imul(parent + 1, 0x9e3779b1)));
-}
-
-function entryHash(node: number, replica: number): number {
-  return mix(Math.imul(node, 0x9e3779b1) ^ Math.imul(replica + 1, 0x85ebca6b));
+/** A node's parent and key kind in one word: (parent + 1) · 2 + kind. */
+function parentKey(parent: number, kind: number): number {
+  return (parent + 1) * 2 + kind;
 }
 
 function checkHostCapacity(replica: string, hostCapacityBlocks: number): number {
@@ -106,15 +89,8 @@ function checkCapacity(replica: string, capacityBlocks: number): number {
   return capacityBlocks;
 }
 
-function grownInt32(old: Int32Array<ArrayBuffer>, length: number, fill?: number): Int32Array<ArrayBuffer> {
+function grownInt32(old: Int32Array<ArrayBuffer>, length: number): Int32Array<ArrayBuffer> {
   const next = new Int32Array(length);
-  next.set(old);
-  if (fill !== undefined) next.fill(fill, old.length);
-  return next;
-}
-
-function grownUint8(old: Uint8Array<ArrayBuffer>, length: number): Uint8Array<ArrayBuffer> {
-  const next = new Uint8Array(length);
   next.set(old);
   return next;
 }
@@ -126,8 +102,15 @@ function grownUint8(old: Uint8Array<ArrayBuffer>, length: number): Uint8Array<Ar
  *
  * Invariant: a replica that holds a node holds its parent, and the parent is more recent in the
  * replica's LRU (a record touches its chain root first). Evicting from the LRU tail therefore
- * never strands a descendant, and along any path the holder sets only shrink — which is what lets
- * `match` notice where a replica's prefix ends by comparing holder counts.
+ * never strands a descendant — the tail is always a leaf of the replica's subtree — and along any
+ * path the holder sets only shrink, which is what lets `match` notice where prefixes end by
+ * comparing holder counts.
+ *
+ * Holder lists: each entry counts the children of its node its replica holds, and a node lists
+ * its holders with the leaves (no child held) first. Where the walk finds fewer holders than at
+ * the parent, the leaves of the parent all stop there; only holders that branch elsewhere are
+ * probed. So a match costs the blocks walked plus the replicas it returns, in every fleet where
+ * prefixes end by eviction (docs/routing.md).
  *
  * Tiers: a replica's LRU list is its GPU entries, then (from `hostHead`) its host entries. A parent
  * being more recent than its child, along any path a replica's blocks are GPU blocks, then host
@@ -138,46 +121,39 @@ export class FleetPrefixIndex {
   private readonly hostCapacityOf: (replica: string) => number;
 
   // Nodes.
-  private nodeHi = new Int32Array(64);
   private nodeLo = new Int32Array(64);
-  private nodeParent = new Int32Array(64);
-  /** First holder entry; for a free node, the next free node. */
+  private nodeHi = new Int32Array(64);
+  /** Parent and kind (`parentKey`). Kind 0: a rendered 64-bit hash (hi, lo); 1: any other string, interned (hi = intern id). */
+  private nodeParentKey = new Int32Array(64);
+  /**
+   * First holder entry; for a free node, the next free node. The list runs leaves first, then
+   * holders with children; its head's `holderPrev` is its last entry.
+   */
   private nodeHolders = new Int32Array(64);
   private nodeHolderCount = new Int32Array(64);
-  /** 0: a rendered 64-bit hash (hi, lo); 1: any other string, interned (hi = intern id). */
-  private nodeKind = new Uint8Array(64);
-  private nodeSlots = new Int32Array(128).fill(NONE);
-  private nodeCount = 0;
+  private readonly nodes = new IdTable(this.nodeLo, this.nodeHi, this.nodeParentKey);
   private nodeHigh = 0;
   private nodeFree = NONE;
 
   // Entries.
   private entryNode = new Int32Array(64);
   private entryReplica = new Int32Array(64);
-  /** Towards the more recent entry of the same replica. */
-  private lruPrev = new Int32Array(64);
-  /** Towards the less recent entry; for a free entry, the next free entry. */
-  private lruNext = new Int32Array(64);
+  /** Towards the holder listed before; the list head's is the last holder. */
   private holderPrev = new Int32Array(64);
+  /** Towards the next holder (NONE after the last); for a free entry, the next free entry. */
   private holderNext = new Int32Array(64);
-  private entryTier = new Uint8Array(64);
-  private entrySlots = new Int32Array(128).fill(NONE);
-  private entryCount = 0;
+  /** Children of the entry's node that its replica holds; MANY: see `manyChildren`. */
+  private entryChildren = new Uint16Array(64);
+  /** Child counts of MANY or more, by entry. */
+  private readonly manyChildren = new Map<number, number>();
+  private readonly entries = new IdTable(this.entryNode, this.entryReplica);
+  private readonly lru = new TieredLru(64);
   private entryHigh = 0;
   private entryFree = NONE;
 
   // Replicas.
   private readonly replicaIds = new Map<string, number>();
   private readonly replicaName: string[] = [];
-  private readonly lruHead: number[] = [];
-  private readonly lruTail: number[] = [];
-  private readonly held: number[] = [];
-  private readonly capacity: number[] = [];
-  /** Entries in GPU memory; the rest of `held` are host entries. */
-  private readonly gpuHeld: number[] = [];
-  private readonly hostCapacity: number[] = [];
-  /** The most recent host entry (every later entry in the LRU is host too), NONE when there is none. */
-  private readonly hostHead: number[] = [];
   private readonly replicaFree: number[] = [];
 
   // Hashes that are not 16 lowercase hex digits, interned while a node uses them.
@@ -186,11 +162,7 @@ export class FleetPrefixIndex {
   private readonly internRefs: number[] = [];
   private readonly internFree: number[] = [];
 
-  /** Scratch for `match`: per replica slot, the stamp of the last drop check that saw it hold the block. */
-  private stamps = new Int32Array(64);
-  private stamp = 0;
-
-  /** Scratch for `matchReplica`: the nodes of the walked path. */
+  /** Scratch for `match` and `matchReplica`: the nodes of the walked path. */
   private path = new Int32Array(256);
 
   // The key parsed by `parseKey`, kept in fields so a walk allocates nothing.
@@ -213,21 +185,19 @@ export class FleetPrefixIndex {
    */
   record(replica: string, hashes: readonly string[]): void {
     const r = this.replicaSlot(replica);
-    this.capacity[r] = checkCapacity(replica, this.capacityOf(replica));
-    this.hostCapacity[r] = checkHostCapacity(replica, this.hostCapacityOf(replica));
+    const lru = this.lru;
+    lru.capacity[r] = checkCapacity(replica, this.capacityOf(replica));
+    lru.hostCapacity[r] = checkHostCapacity(replica, this.hostCapacityOf(replica));
     let parent = ROOT;
     let cursor = NONE;
     for (let i = 0; i < hashes.length; i++) {
       this.parseKey(hashes[i]!, true);
-      let node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
+      let node = this.nodes.find(this.keyLo, this.keyHi, parentKey(parent, this.keyKind));
       if (node === NONE) node = this.addNode(parent);
-      let entry = this.findEntry(node, r);
-      if (entry === NONE) entry = this.addEntry(node, r);
-      else this.unlinkLru(entry, r);
-      // Right behind a GPU entry (or at the head): still ahead of `hostHead`, so in the GPU part.
-      this.linkLruAfter(entry, r, cursor);
-      this.entryTier[entry] = GPU;
-      this.gpuHeld[r]!++;
+      let entry = this.entries.find(node, r);
+      const fresh = entry === NONE;
+      if (fresh) entry = this.addEntry(node, r, cursor);
+      lru.touch(entry, r, cursor, fresh);
       cursor = entry;
       parent = node;
     }
@@ -236,8 +206,9 @@ export class FleetPrefixIndex {
 
   /**
    * Every replica's longest unbroken prefix of `hashes`, in blocks; replicas with none are left
-   * out. One walk down the tree: the cost is the matched depth plus, where a replica's prefix
-   * ends, the holders of the last block it shared — not the fleet size.
+   * out. One walk down the tree: where a node has fewer holders than its parent, the parent's
+   * leaf holders stop there, and its other holders are probed only while some that stop remain
+   * unfound (docs/routing.md).
    *
    * With `gpuBlocks`, also sets there, for every replica in the result, how many blocks of its
    * prefix are in GPU memory (the rest only in host memory): a bisection of its prefix, only for
@@ -253,20 +224,12 @@ export class FleetPrefixIndex {
     let depth = 0;
     for (; depth < hashes.length; depth++) {
       if (!this.parseKey(hashes[depth]!, false)) break;
-      const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
+      const node = this.nodes.find(this.keyLo, this.keyHi, parentKey(parent, this.keyKind));
       if (node === NONE) break;
       if (gpuBlocks !== undefined) path[depth] = node;
-      if (parent !== ROOT && counts[node]! < counts[parent]!) {
-        // Holders only shrink along a path: those of the parent not stamped as holders here stop at `depth`.
-        const stamp = this.nextStamp();
-        const stamps = this.stamps;
-        for (let e = this.nodeHolders[node]!; e !== NONE; e = this.holderNext[e]!) {
-          stamps[this.entryReplica[e]!] = stamp;
-        }
-        for (let e = this.nodeHolders[parent]!; e !== NONE; e = this.holderNext[e]!) {
-          const r = this.entryReplica[e]!;
-          if (stamps[r] !== stamp) result.set(this.replicaName[r]!, depth);
-        }
+      if (parent !== ROOT) {
+        const stopping = counts[parent]! - counts[node]!;
+        if (stopping > 0) this.stopAt(parent, node, stopping, depth, result);
       }
       parent = node;
     }
@@ -280,6 +243,29 @@ export class FleetPrefixIndex {
         gpuBlocks.set(name, this.gpuDepth(this.replicaIds.get(name)!, blocks));
     }
     return result;
+  }
+
+  /**
+   * Sets `depth` in `result` for the `stopping` holders of `parent` that do not hold its child
+   * `node`: every leaf holder (listed first), then holders with other children, probed until
+   * all are found.
+   */
+  private stopAt(parent: number, node: number, stopping: number, depth: number, result: Map<string, number>) {
+    const children = this.entryChildren;
+    const next = this.holderNext;
+    let left = stopping;
+    let e = this.nodeHolders[parent]!;
+    for (; e !== NONE && children[e] === 0; e = next[e]!) {
+      result.set(this.replicaName[this.entryReplica[e]!]!, depth);
+      left--;
+    }
+    for (; left > 0 && e !== NONE; e = next[e]!) {
+      const r = this.entryReplica[e]!;
+      if (this.entries.find(node, r) === NONE) {
+        result.set(this.replicaName[r]!, depth);
+        left--;
+      }
+    }
   }
 
   /**
@@ -299,7 +285,7 @@ export class FleetPrefixIndex {
     let depth = 0;
     for (; depth < hashes.length; depth++) {
       if (!this.parseKey(hashes[depth]!, false)) break;
-      const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
+      const node = this.nodes.find(this.keyLo, this.keyHi, parentKey(parent, this.keyKind));
       if (node === NONE) break;
       path[depth] = node;
       parent = node;
@@ -309,7 +295,7 @@ export class FleetPrefixIndex {
     let hi = depth;
     while (lo < hi) {
       const mid = (lo + hi) >>> 1;
-      if (this.findEntry(path[mid]!, r) !== NONE) lo = mid + 1;
+      if (this.entries.find(path[mid]!, r) !== NONE) lo = mid + 1;
       else hi = mid;
     }
     if (tiers !== undefined) tiers.gpuBlocks = this.gpuDepth(r, lo);
@@ -318,13 +304,13 @@ export class FleetPrefixIndex {
 
   /** How many of the first `blocks` nodes of `this.path`, all held by `r`, it holds in GPU memory. */
   private gpuDepth(r: number, blocks: number): number {
-    if (this.hostHead[r] === NONE) return blocks;
+    if (this.lru.hostHead[r] === NONE) return blocks;
     // Invariant: path[0 … lo−1] are GPU entries of r, path[hi … blocks−1] host entries.
     let lo = 0;
     let hi = blocks;
     while (lo < hi) {
       const mid = (lo + hi) >>> 1;
-      if (this.entryTier[this.findEntry(this.path[mid]!, r)] === GPU) lo = mid + 1;
+      if (this.lru.tier[this.entries.find(this.path[mid]!, r)] === GPU) lo = mid + 1;
       else hi = mid;
     }
     return lo;
@@ -334,7 +320,7 @@ export class FleetPrefixIndex {
   forget(replica: string): void {
     const r = this.replicaIds.get(replica);
     if (r === undefined) return;
-    while (this.lruTail[r] !== NONE) this.evict(this.lruTail[r]!, r);
+    while (this.lru.tail[r] !== NONE) this.evict(this.lru.tail[r]!, r);
     this.replicaIds.delete(replica);
     this.replicaName[r] = "";
     this.replicaFree.push(r);
@@ -350,21 +336,21 @@ export class FleetPrefixIndex {
     const hostMax = checkHostCapacity(replica, hostCapacityBlocks);
     const r = this.replicaIds.get(replica);
     if (r === undefined) return;
-    this.capacity[r] = max;
-    this.hostCapacity[r] = hostMax;
+    this.lru.capacity[r] = max;
+    this.lru.hostCapacity[r] = hostMax;
     this.trim(r);
   }
 
   /** Blocks `replica` holds, in both tiers. */
   blocksHeld(replica: string): number {
     const r = this.replicaIds.get(replica);
-    return r === undefined ? 0 : this.held[r]!;
+    return r === undefined ? 0 : this.lru.held[r]!;
   }
 
   /** Blocks `replica` holds in GPU memory. */
   gpuBlocksHeld(replica: string): number {
     const r = this.replicaIds.get(replica);
-    return r === undefined ? 0 : this.gpuHeld[r]!;
+    return r === undefined ? 0 : this.lru.gpuHeld[r]!;
   }
 
   /** The tier `replica` holds the last block of the chain `hashes` in, or undefined when it does not hold the chain. */
@@ -375,41 +361,36 @@ export class FleetPrefixIndex {
     let entry = NONE;
     for (const hash of hashes) {
       if (!this.parseKey(hash, false)) return undefined;
-      const node = this.findNode(parent, this.keyHi, this.keyLo, this.keyKind);
+      const node = this.nodes.find(this.keyLo, this.keyHi, parentKey(parent, this.keyKind));
       if (node === NONE) return undefined;
-      entry = this.findEntry(node, r);
+      entry = this.entries.find(node, r);
       if (entry === NONE) return undefined;
       parent = node;
     }
-    return TIER_NAME[this.entryTier[entry]!];
+    return TIER_NAME[this.lru.tier[entry]!];
   }
 
   /** Node and entry counts and the bytes they take. */
   stats(): FleetPrefixIndexStats {
     const allocatedBytes =
-      this.nodeHi.byteLength +
       this.nodeLo.byteLength +
-      this.nodeParent.byteLength +
+      this.nodeHi.byteLength +
+      this.nodeParentKey.byteLength +
       this.nodeHolders.byteLength +
       this.nodeHolderCount.byteLength +
-      this.nodeKind.byteLength +
-      this.nodeSlots.byteLength +
+      this.nodes.bytes +
       this.entryNode.byteLength +
       this.entryReplica.byteLength +
-      this.lruPrev.byteLength +
-      this.lruNext.byteLength +
       this.holderPrev.byteLength +
       this.holderNext.byteLength +
-      this.entryTier.byteLength +
-      this.entrySlots.byteLength;
+      this.entryChildren.byteLength +
+      this.lru.bytes +
+      this.entries.bytes;
     const liveBytes =
-      this.nodeCount * NODE_BYTES +
-      this.nodeSlots.byteLength +
-      this.entryCount * ENTRY_BYTES +
-      this.entrySlots.byteLength;
+      this.nodes.size * NODE_BYTES + this.nodes.bytes + this.entries.size * ENTRY_BYTES + this.entries.bytes;
     return {
-      nodes: this.nodeCount,
-      entries: this.entryCount,
+      nodes: this.nodes.size,
+      entries: this.entries.size,
       replicas: this.replicaIds.size,
       allocatedBytes,
       liveBytes: Math.round(liveBytes),
@@ -417,59 +398,75 @@ export class FleetPrefixIndex {
   }
 
   /**
-   * Checks the structure (tables, lists, counts, the holder-subset and recency invariants);
-   * throws on the first inconsistency. For tests: it visits everything.
+   * Checks the structure (tables, lists, counts, the holder-subset, recency and leaves-first
+   * invariants); throws on the first inconsistency. For tests: it visits everything.
    */
   checkInvariants(): void {
+    const lru = this.lru;
     let entries = 0;
+    /** Per entry id, the children its replica holds, counted from the parent links. */
+    const childrenSeen = new Map<number, number>();
     for (const [name, r] of this.replicaIds) {
       const rank = new Map<number, number>();
       let n = 0;
       let gpu = 0;
       let inHost = false;
       let prev = NONE;
-      for (let e = this.lruHead[r]!; e !== NONE; e = this.lruNext[e]!) {
-        if (this.lruPrev[e] !== prev) throw new Error(`broken LRU links of ${name}`);
-        if (e === this.hostHead[r]) inHost = true;
-        if ((this.entryTier[e] === HOST) !== inHost)
-          throw new Error(`a tier out of place in the LRU of ${name}`);
+      for (let e = lru.head[r]!; e !== NONE; e = lru.next[e]!) {
+        if (lru.prev[e] !== prev) throw new Error(`broken LRU links of ${name}`);
+        if (e === lru.hostHead[r]) inHost = true;
+        if ((lru.tier[e] !== GPU) !== inHost) throw new Error(`a tier out of place in the LRU of ${name}`);
         if (!inHost) gpu++;
         if (this.entryReplica[e] !== r) throw new Error(`foreign entry in the LRU of ${name}`);
-        if (this.findEntry(this.entryNode[e]!, r) !== e) throw new Error(`entry of ${name} not in its table`);
+        if (this.entries.find(this.entryNode[e]!, r) !== e)
+          throw new Error(`entry of ${name} not in its table`);
         rank.set(this.entryNode[e]!, n++);
         prev = e;
       }
-      if (this.lruTail[r] !== prev) throw new Error(`LRU tail of ${name} is not its last entry`);
-      if (n !== this.held[r]) throw new Error(`${name} holds ${n} entries, counted ${this.held[r]}`);
-      if (this.hostHead[r] !== NONE && !inHost) throw new Error(`the host head of ${name} is not in its LRU`);
-      if (gpu !== this.gpuHeld[r])
-        throw new Error(`${name} holds ${gpu} GPU entries, counted ${this.gpuHeld[r]}`);
-      if (gpu > this.capacity[r]!)
-        throw new Error(`${name} holds ${gpu} GPU entries over capacity ${this.capacity[r]}`);
-      if (n - gpu > this.hostCapacity[r]!)
-        throw new Error(`${name} holds ${n - gpu} host entries over capacity ${this.hostCapacity[r]}`);
+      if (lru.tail[r] !== prev) throw new Error(`LRU tail of ${name} is not its last entry`);
+      if (n !== lru.held[r]) throw new Error(`${name} holds ${n} entries, counted ${lru.held[r]}`);
+      if (lru.hostHead[r] !== NONE && !inHost) throw new Error(`the host head of ${name} is not in its LRU`);
+      if (gpu !== lru.gpuHeld[r])
+        throw new Error(`${name} holds ${gpu} GPU entries, counted ${lru.gpuHeld[r]}`);
+      if (gpu > lru.capacity[r]!)
+        throw new Error(`${name} holds ${gpu} GPU entries over capacity ${lru.capacity[r]}`);
+      if (n - gpu > lru.hostCapacity[r]!)
+        throw new Error(`${name} holds ${n - gpu} host entries over capacity ${lru.hostCapacity[r]}`);
       for (const [node, position] of rank) {
-        const parent = this.nodeParent[node]!;
+        const parent = this.parentOf(node);
         if (parent === ROOT) continue;
         const parentPosition = rank.get(parent);
         if (parentPosition === undefined) throw new Error(`${name} holds a block without its parent`);
         if (parentPosition > position) throw new Error(`${name} holds a block more recent than its parent`);
+        const parentEntry = this.entries.find(parent, r);
+        childrenSeen.set(parentEntry, (childrenSeen.get(parentEntry) ?? 0) + 1);
       }
       entries += n;
     }
-    if (entries !== this.entryCount) throw new Error(`entries counted ${this.entryCount}, found ${entries}`);
+    if (entries !== this.entries.size)
+      throw new Error(`entries counted ${this.entries.size}, found ${entries}`);
     let nodes = 0;
-    for (const node of this.nodeSlots) {
-      if (node === NONE) continue;
+    for (const node of this.nodes.ids()) {
       nodes++;
       let holders = 0;
+      let last = NONE;
+      let leaves = true;
       for (let e = this.nodeHolders[node]!; e !== NONE; e = this.holderNext[e]!) {
         if (this.entryNode[e] !== node) throw new Error("foreign entry in a holder list");
+        if (last !== NONE && this.holderPrev[e] !== last) throw new Error("broken holder links");
+        const children = this.childCount(e);
+        if (children !== (childrenSeen.get(e) ?? 0))
+          throw new Error(`an entry counts ${children} children, holds ${childrenSeen.get(e) ?? 0}`);
+        if (children > 0) leaves = false;
+        else if (!leaves) throw new Error("a leaf holder listed after a holder with children");
         holders++;
+        last = e;
       }
       if (holders === 0 || holders !== this.nodeHolderCount[node]) throw new Error("holder count mismatch");
+      if (this.holderPrev[this.nodeHolders[node]!] !== last)
+        throw new Error("a holder list's head does not link its last");
     }
-    if (nodes !== this.nodeCount) throw new Error(`nodes counted ${this.nodeCount}, found ${nodes}`);
+    if (nodes !== this.nodes.size) throw new Error(`nodes counted ${this.nodes.size}, found ${nodes}`);
   }
 
   // --- keys ---
@@ -527,21 +524,8 @@ export class FleetPrefixIndex {
 
   // --- nodes ---
 
-  private findNode(parent: number, hi: number, lo: number, kind: number): number {
-    const slots = this.nodeSlots;
-    const size = slots.length;
-    for (let i = (nodeHash(parent, hi, lo) & 0x7fffffff) % size; ; i = i + 1 === size ? 0 : i + 1) {
-      const node = slots[i]!;
-      if (node === NONE) return NONE;
-      if (
-        this.nodeLo[node] === lo &&
-        this.nodeHi[node] === hi &&
-        this.nodeParent[node] === parent &&
-        this.nodeKind[node] === kind
-      ) {
-        return node;
-      }
-    }
+  private parentOf(node: number): number {
+    return (this.nodeParentKey[node]! >> 1) - 1;
   }
 
   /** Adds a node for the parsed key under `parent`. */
@@ -550,49 +534,22 @@ export class FleetPrefixIndex {
     if (node !== NONE) {
       this.nodeFree = this.nodeHolders[node]!;
     } else {
-      if (this.nodeHigh === this.nodeHi.length) this.growNodes();
+      if (this.nodeHigh === this.nodeLo.length) this.growNodes();
       node = this.nodeHigh++;
     }
-    this.nodeHi[node] = this.keyHi;
     this.nodeLo[node] = this.keyLo;
-    this.nodeKind[node] = this.keyKind;
-    this.nodeParent[node] = parent;
+    this.nodeHi[node] = this.keyHi;
+    this.nodeParentKey[node] = parentKey(parent, this.keyKind);
     this.nodeHolders[node] = NONE;
     this.nodeHolderCount[node] = 0;
     if (this.keyKind === 1) this.internRefs[this.keyHi]!++;
-    if (++this.nodeCount > this.nodeSlots.length * MAX_LOAD)
-      this.rehashNodes(Math.ceil(this.nodeCount / REHASH_LOAD));
-    this.insertNodeSlot(node);
+    this.nodes.insert(node);
     return node;
   }
 
-  private insertNodeSlot(node: number): void {
-    const slots = this.nodeSlots;
-    const size = slots.length;
-    let i = (nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & 0x7fffffff) % size;
-    while (slots[i] !== NONE) i = i + 1 === size ? 0 : i + 1;
-    slots[i] = node;
-  }
-
   private removeNode(node: number): void {
-    const slots = this.nodeSlots;
-    const size = slots.length;
-    let i = (nodeHash(this.nodeParent[node]!, this.nodeHi[node]!, this.nodeLo[node]!) & 0x7fffffff) % size;
-    while (slots[i] !== node) i = i + 1 === size ? 0 : i + 1;
-    // Backward-shift deletion: no tombstones, probes stay as short as the load allows.
-    let j = i;
-    for (;;) {
-      j = j + 1 === size ? 0 : j + 1;
-      const other = slots[j]!;
-      if (other === NONE) break;
-      const home =
-        (nodeHash(this.nodeParent[other]!, this.nodeHi[other]!, this.nodeLo[other]!) & 0x7fffffff) % size;
-      if (i <= j ? i < home && home <= j : i < home || home <= j) continue;
-      slots[i] = other;
-      i = j;
-    }
-    slots[i] = NONE;
-    if (this.nodeKind[node] === 1) {
+    this.nodes.remove(node);
+    if ((this.nodeParentKey[node]! & 1) === 1) {
       const id = this.nodeHi[node]!;
       if (--this.internRefs[id]! === 0) {
         this.internIds.delete(this.internName[id]!);
@@ -602,96 +559,140 @@ export class FleetPrefixIndex {
     }
     this.nodeHolders[node] = this.nodeFree;
     this.nodeFree = node;
-    this.nodeCount--;
   }
 
   private growNodes(): void {
-    const length = this.grownLength(this.nodeHi.length);
-    this.nodeHi = grownInt32(this.nodeHi, length);
+    const length = this.grownLength(this.nodeLo.length);
     this.nodeLo = grownInt32(this.nodeLo, length);
-    this.nodeParent = grownInt32(this.nodeParent, length);
+    this.nodeHi = grownInt32(this.nodeHi, length);
+    this.nodeParentKey = grownInt32(this.nodeParentKey, length);
     this.nodeHolders = grownInt32(this.nodeHolders, length);
     this.nodeHolderCount = grownInt32(this.nodeHolderCount, length);
-    this.nodeKind = grownUint8(this.nodeKind, length);
+    this.nodes.keys(this.nodeLo, this.nodeHi, this.nodeParentKey);
   }
 
-  private rehashNodes(size: number): void {
-    const old = this.nodeSlots;
-    this.nodeSlots = new Int32Array(size).fill(NONE);
-    for (const node of old) if (node !== NONE) this.insertNodeSlot(node);
+  // --- holder lists: leaves first, the head's prev is the last ---
+
+  /** Lists `entry` first among the node's holders (a leaf). */
+  private listFirst(node: number, entry: number): void {
+    const head = this.nodeHolders[node]!;
+    if (head === NONE) {
+      this.holderPrev[entry] = entry;
+      this.holderNext[entry] = NONE;
+    } else {
+      this.holderPrev[entry] = this.holderPrev[head]!;
+      this.holderNext[entry] = head;
+      this.holderPrev[head] = entry;
+    }
+    this.nodeHolders[node] = entry;
+  }
+
+  /** Lists `entry` last among the node's holders (one with children). */
+  private listLast(node: number, entry: number): void {
+    const head = this.nodeHolders[node]!;
+    if (head === NONE) {
+      this.holderPrev[entry] = entry;
+      this.nodeHolders[node] = entry;
+    } else {
+      const last = this.holderPrev[head]!;
+      this.holderNext[last] = entry;
+      this.holderPrev[entry] = last;
+      this.holderPrev[head] = entry;
+    }
+    this.holderNext[entry] = NONE;
+  }
+
+  private unlist(node: number, entry: number): void {
+    const head = this.nodeHolders[node]!;
+    const prev = this.holderPrev[entry]!;
+    const next = this.holderNext[entry]!;
+    if (entry === head) {
+      if (next !== NONE) this.holderPrev[next] = prev;
+      this.nodeHolders[node] = next;
+    } else {
+      this.holderNext[prev] = next;
+      if (next !== NONE) this.holderPrev[next] = prev;
+      else this.holderPrev[head] = prev;
+    }
+  }
+
+  private childCount(entry: number): number {
+    const n = this.entryChildren[entry]!;
+    return n === MANY ? this.manyChildren.get(entry)! : n;
+  }
+
+  /** One more child held under `entry`: a leaf becomes a holder with children, listed last. */
+  private addChild(entry: number): void {
+    const n = this.entryChildren[entry]!;
+    if (n === MANY) this.manyChildren.set(entry, this.manyChildren.get(entry)! + 1);
+    else if (n === MANY - 1) {
+      this.entryChildren[entry] = MANY;
+      this.manyChildren.set(entry, MANY);
+    } else {
+      this.entryChildren[entry] = n + 1;
+      if (n === 0) {
+        const node = this.entryNode[entry]!;
+        this.unlist(node, entry);
+        this.listLast(node, entry);
+      }
+    }
+  }
+
+  /** One child fewer under `entry`: with none left it is a leaf, listed first. */
+  private removeChild(entry: number): void {
+    const n = this.entryChildren[entry]!;
+    if (n === MANY) {
+      const many = this.manyChildren.get(entry)! - 1;
+      if (many < MANY) {
+        this.manyChildren.delete(entry);
+        this.entryChildren[entry] = many;
+      } else this.manyChildren.set(entry, many);
+    } else {
+      this.entryChildren[entry] = n - 1;
+      if (n === 1) {
+        const node = this.entryNode[entry]!;
+        this.unlist(node, entry);
+        this.listFirst(node, entry);
+      }
+    }
   }
 
   // --- entries ---
 
-  private findEntry(node: number, replica: number): number {
-    const slots = this.entrySlots;
-    const size = slots.length;
-    for (let i = (entryHash(node, replica) & 0x7fffffff) % size; ; i = i + 1 === size ? 0 : i + 1) {
-      const entry = slots[i]!;
-      if (entry === NONE) return NONE;
-      if (this.entryNode[entry] === node && this.entryReplica[entry] === replica) return entry;
-    }
-  }
-
-  /** Adds the entry (node, replica), linked into the node's holders and not yet into the LRU. */
-  private addEntry(node: number, replica: number): number {
+  /**
+   * Adds the entry (node, replica), a leaf in the node's holders, not yet in the LRU;
+   * `parentEntry` is the replica's entry of the node's parent (NONE for a first block).
+   */
+  private addEntry(node: number, replica: number, parentEntry: number): number {
     let entry = this.entryFree;
     if (entry !== NONE) {
-      this.entryFree = this.lruNext[entry]!;
+      this.entryFree = this.holderNext[entry]!;
     } else {
       if (this.entryHigh === this.entryNode.length) this.growEntries();
       entry = this.entryHigh++;
     }
     this.entryNode[entry] = node;
     this.entryReplica[entry] = replica;
-    const head = this.nodeHolders[node]!;
-    this.holderPrev[entry] = NONE;
-    this.holderNext[entry] = head;
-    if (head !== NONE) this.holderPrev[head] = entry;
-    this.nodeHolders[node] = entry;
+    this.entryChildren[entry] = 0;
+    this.listFirst(node, entry);
     this.nodeHolderCount[node]!++;
-    this.held[replica]!++;
-    if (++this.entryCount > this.entrySlots.length * MAX_LOAD)
-      this.rehashEntries(Math.ceil(this.entryCount / REHASH_LOAD));
-    this.insertEntrySlot(entry);
+    if (parentEntry !== NONE) this.addChild(parentEntry);
+    this.entries.insert(entry);
     return entry;
   }
 
-  private insertEntrySlot(entry: number): void {
-    const slots = this.entrySlots;
-    const size = slots.length;
-    let i = (entryHash(this.entryNode[entry]!, this.entryReplica[entry]!) & 0x7fffffff) % size;
-    while (slots[i] !== NONE) i = i + 1 === size ? 0 : i + 1;
-    slots[i] = entry;
-  }
-
-  /** Removes an entry entirely: LRU, holders, table; frees its node when it was the last holder. */
+  /**
+   * Removes an entry entirely — the least recent of its replica, so a leaf: LRU, holders, table,
+   * its parent entry's child count; frees its node when it was the last holder.
+   */
   private evict(entry: number, replica: number): void {
-    this.unlinkLru(entry, replica);
+    this.lru.remove(entry, replica);
     const node = this.entryNode[entry]!;
-    const prev = this.holderPrev[entry]!;
-    const next = this.holderNext[entry]!;
-    if (prev !== NONE) this.holderNext[prev] = next;
-    else this.nodeHolders[node] = next;
-    if (next !== NONE) this.holderPrev[next] = prev;
-    const slots = this.entrySlots;
-    const size = slots.length;
-    let i = (entryHash(node, replica) & 0x7fffffff) % size;
-    while (slots[i] !== entry) i = i + 1 === size ? 0 : i + 1;
-    let j = i;
-    for (;;) {
-      j = j + 1 === size ? 0 : j + 1;
-      const other = slots[j]!;
-      if (other === NONE) break;
-      const home = (entryHash(this.entryNode[other]!, this.entryReplica[other]!) & 0x7fffffff) % size;
-      if (i <= j ? i < home && home <= j : i < home || home <= j) continue;
-      slots[i] = other;
-      i = j;
-    }
-    slots[i] = NONE;
-    this.entryCount--;
-    this.held[replica]!--;
-    this.lruNext[entry] = this.entryFree;
+    this.unlist(node, entry);
+    this.entries.remove(entry);
+    const parent = this.parentOf(node);
+    if (parent !== ROOT) this.removeChild(this.entries.find(parent, replica));
+    this.holderNext[entry] = this.entryFree;
     this.entryFree = entry;
     if (--this.nodeHolderCount[node]! === 0) this.removeNode(node);
   }
@@ -700,11 +701,13 @@ export class FleetPrefixIndex {
     const length = this.grownLength(this.entryNode.length);
     this.entryNode = grownInt32(this.entryNode, length);
     this.entryReplica = grownInt32(this.entryReplica, length);
-    this.lruPrev = grownInt32(this.lruPrev, length);
-    this.lruNext = grownInt32(this.lruNext, length);
     this.holderPrev = grownInt32(this.holderPrev, length);
     this.holderNext = grownInt32(this.holderNext, length);
-    this.entryTier = grownUint8(this.entryTier, length);
+    const children = new Uint16Array(length);
+    children.set(this.entryChildren);
+    this.entryChildren = children;
+    this.lru.grow(length);
+    this.entries.keys(this.entryNode, this.entryReplica);
   }
 
   /**
@@ -713,18 +716,12 @@ export class FleetPrefixIndex {
    */
   private grownLength(length: number): number {
     let total = 0;
-    for (const r of this.replicaIds.values()) total += this.capacity[r]! + this.hostCapacity[r]!;
+    for (const r of this.replicaIds.values()) total += this.lru.capacity[r]! + this.lru.hostCapacity[r]!;
     const wanted = Math.ceil(length * 1.5);
     return total > length ? Math.min(wanted, total) : length + Math.max(64, Math.ceil(length / 8));
   }
 
-  private rehashEntries(size: number): void {
-    const old = this.entrySlots;
-    this.entrySlots = new Int32Array(size).fill(NONE);
-    for (const entry of old) if (entry !== NONE) this.insertEntrySlot(entry);
-  }
-
-  // --- per-replica LRU ---
+  // --- replicas ---
 
   private replicaSlot(replica: string): number {
     let r = this.replicaIds.get(replica);
@@ -732,66 +729,13 @@ export class FleetPrefixIndex {
     r = this.replicaFree.pop() ?? this.replicaName.length;
     this.replicaIds.set(replica, r);
     this.replicaName[r] = replica;
-    this.lruHead[r] = NONE;
-    this.lruTail[r] = NONE;
-    this.held[r] = 0;
-    this.gpuHeld[r] = 0;
-    this.capacity[r] = 1;
-    this.hostCapacity[r] = 0;
-    this.hostHead[r] = NONE;
+    this.lru.reset(r);
     return r;
   }
 
-  /** A fresh stamp for `match`'s drop check, the stamp array covering every replica slot. */
-  private nextStamp(): number {
-    if (this.stamps.length < this.replicaName.length) {
-      this.stamps = new Int32Array(Math.max(this.replicaName.length, this.stamps.length * 2));
-    }
-    if (this.stamp === 0x7fffffff) {
-      this.stamps.fill(0);
-      this.stamp = 0;
-    }
-    return ++this.stamp;
-  }
-
-  /** Takes `entry` out of the replica's LRU list, and out of its GPU count or off the host head. */
-  private unlinkLru(entry: number, replica: number): void {
-    const prev = this.lruPrev[entry]!;
-    const next = this.lruNext[entry]!;
-    if (this.entryTier[entry] === GPU) this.gpuHeld[replica]!--;
-    else if (this.hostHead[replica] === entry) this.hostHead[replica] = next;
-    if (prev !== NONE) this.lruNext[prev] = next;
-    else this.lruHead[replica] = next;
-    if (next !== NONE) this.lruPrev[next] = prev;
-    else this.lruTail[replica] = prev;
-  }
-
-  /** Links `entry` right behind `after` in recency (at the head when `after` is NONE). */
-  private linkLruAfter(entry: number, replica: number, after: number): void {
-    const next = after === NONE ? this.lruHead[replica]! : this.lruNext[after]!;
-    this.lruPrev[entry] = after;
-    this.lruNext[entry] = next;
-    if (after === NONE) this.lruHead[replica] = entry;
-    else this.lruNext[after] = entry;
-    if (next === NONE) this.lruTail[replica] = entry;
-    else this.lruPrev[next] = entry;
-  }
-
-  /**
-   * GPU entries beyond the GPU capacity move to host memory, least recent first (the entry just
-   * ahead of the host head becomes it); host entries beyond the host capacity are forgotten.
-   */
+  /** Applies the replica's capacities: GPU overflow to host, host overflow forgotten. */
   private trim(replica: number): void {
-    const max = this.capacity[replica]!;
-    while (this.gpuHeld[replica]! > max) {
-      const head = this.hostHead[replica]!;
-      const last = head === NONE ? this.lruTail[replica]! : this.lruPrev[head]!;
-      this.entryTier[last] = HOST;
-      this.hostHead[replica] = last;
-      this.gpuHeld[replica]!--;
-    }
-    const hostMax = this.hostCapacity[replica]!;
-    while (this.held[replica]! - this.gpuHeld[replica]! > hostMax)
-      this.evict(this.lruTail[replica]!, replica);
+    for (let e = this.lru.overflow(replica); e !== NONE; e = this.lru.overflow(replica))
+      this.evict(e, replica);
   }
 }

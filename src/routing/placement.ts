@@ -4,8 +4,17 @@
  */
 
 import { reservationTokens } from "../budget/token-budget.js";
-import type { FleetPrefixIndex } from "./fleet-prefix-index.js";
-import type { PrefixIndex } from "./prefix-index.js";
+
+/**
+ * What placement asks of a prefix index: every replica's longest prefix in one call, and one
+ * replica's alone. `FleetPrefixIndex` is the one the router keeps.
+ */
+export interface PrefixMatcher {
+  /** Blocks of `hashes` each replica holds as an unbroken prefix (replicas with none left out); with `gpuBlocks`, how many of them are in GPU memory. */
+  match(hashes: readonly string[], gpuBlocks?: Map<string, number>): Map<string, number>;
+  /** One replica's longest prefix of `hashes`, in blocks; with `tiers`, how many of them are in GPU memory. */
+  matchReplica(replica: string, hashes: readonly string[], tiers?: { gpuBlocks: number }): number;
+}
 
 /** What the TTFT prediction needs to know about one replica. */
 export interface TtftInput {
@@ -102,11 +111,6 @@ export function kvPressureMs(kvUsage: number): number {
 /** One replica as placement sees it. */
 export interface PlacementCandidate {
   id: string;
-  /**
-   * Its own prefix index, consulted when the input carries no fleet index; null or absent when the
-   * router keeps none (e.g. the baselines).
-   */
-  index?: PrefixIndex | null;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
   prefillTokensPerSecond: number;
@@ -138,9 +142,10 @@ export interface PlacementInput {
   candidates: readonly PlacementCandidate[];
   /**
    * The fleet-wide prefix index: one walk of `hashes` scores every candidate, and a pinned step
-   * that keeps its replica walks for that replica alone. When absent, each candidate's `index`.
+   * that keeps its replica walks for that replica alone. When absent (e.g. the baselines), no
+   * replica is predicted to hold any of the prompt.
    */
-  fleetIndex?: FleetPrefixIndex | null | undefined;
+  fleetIndex?: PrefixMatcher | null | undefined;
   /** Tokens per block of `hashes`. */
   blockSize: number;
   /** KV usage at or above which a pinned replica loses the session. Default 0.85. */
@@ -267,7 +272,6 @@ export function keepPin(input: PlacementInput): Placement | undefined {
   const tiers = { gpuBlocks: 0 };
   let blocks = 0;
   if (fleetIndex !== null) blocks = fleetIndex.matchReplica(home.id, hashes, tiers);
-  else if (usePrefix) tiers.gpuBlocks = blocks = home.index?.matchBlocks(hashes) ?? 0;
   const scored = score(home, blocks, tiers.gpuBlocks, promptTokens, blockSize);
   if (!fitsBudget(home, scored.hitTokens - scored.hostTokens, promptTokens, input.maxTokens ?? 0))
     return undefined;
@@ -342,11 +346,9 @@ export function choosePlacement(input: PlacementInput): Placement | undefined {
       if (!candidate.eligible || (anyIdle && candidate.busy)) continue;
       let blocks = 0;
       let gpuBlocks = 0;
-      if (fleetIndex !== null) {
-        blocks = matches?.get(candidate.id) ?? 0;
+      if (matches !== null) {
+        blocks = matches.get(candidate.id) ?? 0;
         gpuBlocks = gpuMatches.get(candidate.id) ?? 0;
-      } else if (usePrefix) {
-        gpuBlocks = blocks = candidate.index?.matchBlocks(hashes) ?? 0;
       }
       let hitTokens = Math.min(gpuBlocks * blockSize, promptTokens);
       if (budgetMatters && !fitsBudget(candidate, hitTokens, promptTokens, maxTokens)) continue;

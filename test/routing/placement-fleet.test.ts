@@ -3,10 +3,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import fc from "fast-check";
+import { PerReplicaIndexes } from "../../bench/per-replica-index.js";
 import { blockHashes } from "../../src/routing/block-hash.js";
 import { FleetPrefixIndex } from "../../src/routing/fleet-prefix-index.js";
 import { choosePlacement, keepPin, type PlacementCandidate } from "../../src/routing/placement.js";
-import { PrefixIndex } from "../../src/routing/prefix-index.js";
 
 const BLOCK = 16;
 
@@ -56,11 +56,11 @@ describe("choosePlacement with a fleet index", () => {
           const fleetIndex = new FleetPrefixIndex({
             capacityBlocks: (id) => replicas[Number(id.slice(1))]!.capacity,
           });
-          const perReplica: PlacementCandidate[] = [];
+          const perReplicaIndexes = new PerReplicaIndexes((id) => replicas[Number(id.slice(1))]!.capacity);
           const shared: PlacementCandidate[] = [];
           replicas.forEach((r, i) => {
             const id = `r${i}`;
-            const index = new PrefixIndex(r.capacity);
+            const index = perReplicaIndexes.of(id);
             for (const chain of r.records) {
               const hashes = blockHashes(promptOf(chain), BLOCK);
               index.record(hashes);
@@ -75,7 +75,6 @@ describe("choosePlacement with a fleet index", () => {
               busy: r.busy,
               eligible: r.eligible,
             };
-            perReplica.push({ ...candidate, index });
             shared.push(candidate);
           });
           const prompt = promptOf(promptChain);
@@ -88,7 +87,7 @@ describe("choosePlacement with a fleet index", () => {
             affinityBreakKv,
             usePrefix,
           };
-          const expected = choosePlacement({ ...input, candidates: perReplica });
+          const expected = choosePlacement({ ...input, candidates: shared, fleetIndex: perReplicaIndexes });
           const actual = choosePlacement({ ...input, candidates: shared, fleetIndex });
           assert.deepEqual(actual, expected);
           // The shortcut, given the pinned candidate alone, either agrees or defers to the full pass.

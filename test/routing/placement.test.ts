@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { PerReplicaIndexes } from "../../bench/per-replica-index.js";
 import { blockHashes } from "../../src/routing/block-hash.js";
 import {
   choosePlacement,
@@ -17,10 +18,30 @@ const BLOCK = 64;
 const PROMPT = Array.from({ length: 64 * 50 + 20 }, (_, i) => (Math.imul(i, 2654435761) >>> 8) % 200_000);
 const HASHES = blockHashes(PROMPT, BLOCK);
 
-function replica(
-  id: string,
-  over: Partial<PlacementCandidate> & { holds?: number } = {},
-): PlacementCandidate {
+/** A candidate with the prefix index it is scored by (one per replica, see `choose`). */
+type Candidate = PlacementCandidate & { index?: PrefixIndex };
+
+/** `choosePlacement` with each candidate's own `index` as the prefix index. */
+function choose(
+  input: Omit<Parameters<typeof choosePlacement>[0], "candidates"> & { candidates: readonly Candidate[] },
+) {
+  return choosePlacement({ ...input, fleetIndex: indexesOf(input.candidates) });
+}
+
+/** `keepPin` likewise. */
+function keep(
+  input: Omit<Parameters<typeof keepPin>[0], "candidates"> & { candidates: readonly Candidate[] },
+) {
+  return keepPin({ ...input, fleetIndex: indexesOf(input.candidates) });
+}
+
+function indexesOf(candidates: readonly Candidate[]): PerReplicaIndexes {
+  const indexes = new PerReplicaIndexes();
+  for (const c of candidates) if (c.index) indexes.set(c.id, c.index);
+  return indexes;
+}
+
+function replica(id: string, over: Partial<Candidate> & { holds?: number } = {}): Candidate {
   const index = new PrefixIndex(10_000);
   if (over.holds) index.record(HASHES.slice(0, over.holds));
   return {
@@ -37,10 +58,10 @@ function replica(
 }
 
 function place(
-  candidates: PlacementCandidate[],
+  candidates: Candidate[],
   extra: { pinned?: string; usePrefix?: boolean; maxTokens?: number } = {},
 ) {
-  return choosePlacement({
+  return choose({
     promptTokens: PROMPT.length,
     hashes: HASHES,
     candidates,
@@ -51,7 +72,7 @@ function place(
   });
 }
 
-function placeInput(candidates: PlacementCandidate[]) {
+function placeInput(candidates: Candidate[]) {
   return {
     promptTokens: PROMPT.length,
     hashes: HASHES,
@@ -182,7 +203,7 @@ describe("choosePlacement", () => {
       pinned: "a",
     });
     assert.deepEqual([at?.replica, at?.reason], ["b", "affinity_break"]);
-    const custom = choosePlacement({
+    const custom = choose({
       promptTokens: PROMPT.length,
       hashes: HASHES,
       candidates: [replica("a", { holds: 50, kvUsage: 0.7 }), replica("b")],
@@ -214,7 +235,7 @@ describe("choosePlacement", () => {
     });
     assert.deepEqual([beyond?.replica, beyond?.reason], ["b", "affinity_break"]);
     assert.equal(beyond?.predictedTtftMs, bMs);
-    const wider = choosePlacement({
+    const wider = choose({
       promptTokens: PROMPT.length,
       hashes: HASHES,
       candidates: [replica("a", { holds: 50, queuedPrefillTokens: 53_300 }), replica("b")],
@@ -255,7 +276,7 @@ describe("choosePlacement", () => {
     const exact = blockHashes(PROMPT.slice(0, 64 * 3), BLOCK);
     const index = new PrefixIndex(100);
     index.record(exact);
-    const p = choosePlacement({
+    const p = choose({
       promptTokens: 64 * 3,
       hashes: exact,
       candidates: [{ ...replica("a"), index }],
@@ -306,7 +327,7 @@ describe("choosePlacement", () => {
         replica("b", { budgetAvailableTokens: 100_000 }),
         replica("c", { budgetAvailableTokens: 0 }),
       ];
-      assert.equal(keepPin({ ...placeInput(candidates), pinned: "a" }), undefined);
+      assert.equal(keep({ ...placeInput(candidates), pinned: "a" }), undefined);
       const p = place(candidates, { pinned: "a", maxTokens: 100 });
       assert.equal(p?.replica, "b");
       assert.equal(p?.reason, "affinity_break");
@@ -335,8 +356,8 @@ describe("choosePlacement", () => {
 
   it("rejects invalid options, naming the value", () => {
     const base = { promptTokens: 10, hashes: [], candidates: [replica("a")], usePrefix: true };
-    assert.throws(() => choosePlacement({ ...base, blockSize: 0 }), /got 0/);
-    assert.throws(() => choosePlacement({ ...base, blockSize: 16, affinityBreakKv: -1 }), /got -1/);
-    assert.throws(() => choosePlacement({ ...base, blockSize: 16, promptTokens: Number.NaN }), /got NaN/);
+    assert.throws(() => choose({ ...base, blockSize: 0 }), /got 0/);
+    assert.throws(() => choose({ ...base, blockSize: 16, affinityBreakKv: -1 }), /got -1/);
+    assert.throws(() => choose({ ...base, blockSize: 16, promptTokens: Number.NaN }), /got NaN/);
   });
 });
