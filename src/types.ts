@@ -100,10 +100,18 @@ export interface SessionView {
   retention_ms: number;
   lane?: Lane;
   metadata?: Record<string, unknown>;
+  /** The tenant the session belongs to (its API key's, `default` without one) and that tenant's band. */
+  tenant?: string;
+  band?: "protected" | "standard" | "sheddable";
+  /** While a step waits for room: its place in the admission order (1 is next) and why it waits. */
+  position?: number;
+  reason?: "window" | "priority" | "fairness";
 }
 
 export interface OpenSessionInit {
   id?: string;
+  /** The tenant opening it (from its API key); default `default`. */
+  tenant?: string;
   lane?: Lane;
   metadata?: Record<string, unknown>;
 }
@@ -242,6 +250,13 @@ export interface SchedulerEvents {
     id: string;
     event: "admitted" | "paused" | "resumed" | "dormant" | "closed";
     replica: string | null;
+    /** The session's tenant and band (the scheduler always names them). */
+    tenant?: string;
+    band?: "protected" | "standard" | "sheddable";
+    /** For `paused`: why it left its window (its tenant over its share, a higher band waiting, or the window shrank). */
+    reason?: "fairness" | "priority" | "window";
+    /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms (0: it did not wait). */
+    waitedMs?: number;
   }): void;
   /** An idle session was given a retention time (SPEC 6), from its own gaps, the fleet's, or the client's hint. */
   retention?(e: { replica: string; retentionMs: number; source: "own" | "fleet" | "hint" | "default" }): void;
