@@ -44,9 +44,9 @@ import {
   type SessionRecord,
   type TenantView,
 } from "./sessions/session-admission.js";
-import { DEFAULT_TENANT } from "./tenants/tenant-ledger.js";
 import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
+import { DEFAULT_TENANT } from "./tenants/tenant-ledger.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
 import type {

@@ -1076,7 +1076,11 @@ export class SessionAdmission {
     replica: string | null,
     extra: { reason?: PauseReason; waitedMs?: number },
   ): void {
-    this.options.onEvent?.(session.id, event, replica, { tenant: session.tenant, band: session.band, ...extra });
+    this.options.onEvent?.(session.id, event, replica, {
+      tenant: session.tenant,
+      band: session.band,
+      ...extra,
+    });
   }
 
   private pausesOf(tenant: string): Record<PauseReason, number> {
@@ -1256,7 +1260,8 @@ export class SessionAdmission {
     for (const waiter of this.queue) add(waiter.session);
     const accounts = this.ledger.snapshot(now);
     for (const account of accounts) {
-      if (account.usage > 0) demand.set(account.policy.name, (demand.get(account.policy.name) ?? 0) + account.usage);
+      if (account.usage > 0)
+        demand.set(account.policy.name, (demand.get(account.policy.name) ?? 0) + account.usage);
     }
     const demands = [...demand].map(([tenant, tokens]) => {
       const policy = this.ledger.policy(tenant);
@@ -1305,7 +1310,8 @@ export class SessionAdmission {
       for (const session of this.resumeOrder(slots.paused)) push(session, 0, slots);
       for (const session of returningOrder(slots.dormant)) push(session, 1, slots);
     }
-    for (const waiter of this.queue) push(waiter.session, waiter.session.evacuated ? 0 : 2, undefined, waiter);
+    for (const waiter of this.queue)
+      push(waiter.session, waiter.session.evacuated ? 0 : 2, undefined, waiter);
     entries.sort(
       (a, b) =>
         a.band - b.band ||
@@ -1361,7 +1367,8 @@ export class SessionAdmission {
     if (home?.accepting && !this.starving(session))
       return !blocked.has(home) && this.fits(home, session) ? [home.id] : [];
     const ids: string[] = [];
-    for (const [id, slots] of this.replicas) if (!blocked.has(slots) && this.fits(slots, session)) ids.push(id);
+    for (const [id, slots] of this.replicas)
+      if (!blocked.has(slots) && this.fits(slots, session)) ids.push(id);
     return ids;
   }
 
@@ -1376,7 +1383,8 @@ export class SessionAdmission {
   private reclaimForShares(): void {
     if (!this.sharing()) return;
     for (const slots of this.replicas.values()) {
-      for (const session of slots.active) if (session.pauseRequested && session.pauseReason !== "window") return;
+      for (const session of slots.active)
+        if (session.pauseRequested && session.pauseReason !== "window") return;
     }
     const now = this.clock.now();
     const shares = this.shares();
@@ -1397,7 +1405,8 @@ export class SessionAdmission {
         if (room >= need) break;
         if (victim.heldOn !== target) continue;
         const share = shares.get(victim.tenant)!;
-        const reason: PauseReason = BAND_RANK[victim.band] > BAND_RANK[entry.session.band] ? "priority" : "fairness";
+        const reason: PauseReason =
+          BAND_RANK[victim.band] > BAND_RANK[entry.session.band] ? "priority" : "fairness";
         // A tenant is brought down to its entitlement, not below it, for fairness.
         const left = share.usage - (taken.get(victim.tenant) ?? 0);
         if (reason === "fairness" && left <= share.entitlement) continue;
@@ -1427,7 +1436,8 @@ export class SessionAdmission {
     for (const slots of this.replicas.values()) {
       if (slots.size === null || !slots.accepting || (pinned && slots !== pinned)) continue;
       for (const session of slots.active) {
-        if (session.tenant === claimant.tenant || session.pauseRequested || session.heldOn !== slots) continue;
+        if (session.tenant === claimant.tenant || session.pauseRequested || session.heldOn !== slots)
+          continue;
         const victimRank = BAND_RANK[session.band];
         // A protected session is never paused for a lower or equal band.
         if (victimRank < rank || (victimRank === rank && session.band === "protected")) continue;
@@ -1440,15 +1450,15 @@ export class SessionAdmission {
     }
     const ratio = (session: SessionRecord) => shares.get(session.tenant)?.ratio ?? 0;
     found.sort(
-      (a, b) =>
-        BAND_RANK[b.band] - BAND_RANK[a.band] || ratio(b) - ratio(a) || b.admittedSeq - a.admittedSeq,
+      (a, b) => BAND_RANK[b.band] - BAND_RANK[a.band] || ratio(b) - ratio(a) || b.admittedSeq - a.admittedSeq,
     );
     return found;
   }
 
   /** Where a waiting session stands: its place in the order and why it waits; undefined when it does not wait. */
   private standing(session: SessionRecord): { position: number; reason: WaitReason } | undefined {
-    if (session.waiters.length === 0 || session.state === "active" || session.state === "closed") return undefined;
+    if (session.waiters.length === 0 || session.state === "active" || session.state === "closed")
+      return undefined;
     if (!this.sharing()) {
       const queued = this.queue.findIndex((waiter) => waiter.session === session);
       if (queued >= 0) return { position: queued + 1, reason: "window" };
@@ -1494,7 +1504,8 @@ export class SessionAdmission {
       else view.sessions[session.state]++;
     }
     const ratios: number[] = [];
-    for (const share of shares.values()) if (share.entitlement > 0) ratios.push(share.usage / share.entitlement);
+    for (const share of shares.values())
+      if (share.entitlement > 0) ratios.push(share.usage / share.entitlement);
     return { tenants: [...views.values()], jainIndex: jainIndex(ratios) };
   }
 
@@ -1514,9 +1525,13 @@ export class SessionAdmission {
     if (!victim || victimRank <= rank) return false;
     this.drop(
       victim,
-      new Refusal("session_queue_full", `the session queue is full: a session of a higher band took this place`, {
-        retryAfterSeconds: this.options.retryAfterSeconds?.() ?? 1,
-      }),
+      new Refusal(
+        "session_queue_full",
+        `the session queue is full: a session of a higher band took this place`,
+        {
+          retryAfterSeconds: this.options.retryAfterSeconds?.() ?? 1,
+        },
+      ),
     );
     return true;
   }

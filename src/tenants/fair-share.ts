@@ -27,10 +27,16 @@ export function entitlements(totalTokens: number, demands: readonly TenantDemand
   const result = new Map<string, number>();
   let open: { tenant: string; weight: number; cap: number }[] = [];
   for (const demand of demands) {
-    if (!(demand.weight > 0)) throw new RangeError(`weight of ${demand.tenant} should be > 0, got ${demand.weight}`);
+    if (!(demand.weight > 0))
+      throw new RangeError(`weight of ${demand.tenant} should be > 0, got ${demand.weight}`);
     if (!(demand.demandTokens > 0)) continue;
-    const capByShare = demand.maxShare === undefined ? Number.POSITIVE_INFINITY : demand.maxShare * totalTokens;
-    open.push({ tenant: demand.tenant, weight: demand.weight, cap: Math.min(demand.demandTokens, capByShare) });
+    const capByShare =
+      demand.maxShare === undefined ? Number.POSITIVE_INFINITY : demand.maxShare * totalTokens;
+    open.push({
+      tenant: demand.tenant,
+      weight: demand.weight,
+      cap: Math.min(demand.demandTokens, capByShare),
+    });
   }
   let remaining = totalTokens;
   // Each round fixes every tenant whose cap lies below its weighted share of what is left; at most one round per tenant.

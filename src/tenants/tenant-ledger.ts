@@ -54,7 +54,12 @@ export class TenantLedger {
     if (!account) {
       const spec = Object.hasOwn(this.specs, name) ? this.specs[name] : undefined;
       account = {
-        policy: { name, weight: spec?.weight ?? 1, band: spec?.band ?? "standard", maxShare: spec?.max_share },
+        policy: {
+          name,
+          weight: spec?.weight ?? 1,
+          band: spec?.band ?? "standard",
+          maxShare: spec?.max_share,
+        },
         usage: 0,
         serviceTokenMs: 0,
         virtualService: 0,
