@@ -299,7 +299,7 @@ export class Scheduler {
     const id = init.id ?? this.newSessionId();
     validateSessionId(id);
     const session = this.admission.open(id, {
-      ...(init.tenant !== undefined ? { tenant: init.tenant } : {}),
+      ...(init.tenant ? { tenant: init.tenant } : {}),
       ...(init.lane ? { lane: init.lane } : {}),
       ...(init.metadata ? { metadata: init.metadata } : {}),
     });
@@ -399,7 +399,9 @@ export class Scheduler {
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
       // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
       const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
-      const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId, req.tenant);
+      // An empty tenant (a job of an unkeyed caller) is the default tenant.
+      const session =
+        sessionId === undefined ? undefined : await this.sessionFor(sessionId, req.tenant || undefined);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
       const { tokens, complete } = this.tokenize(req.input, contextWindow);
