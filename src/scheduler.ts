@@ -378,6 +378,7 @@ export class Scheduler {
         paused: counts.paused,
       },
       rejections: { ...this.rejections },
+      tenants: this.tenantsState(),
       ...(this.disaggregated ? { disaggregation: this.disaggregated.summary() } : {}),
     };
   }
@@ -1012,6 +1013,11 @@ export class Scheduler {
       throw new Refusal("session_not_found", `no session ${JSON.stringify(session.id)} of this tenant`);
     }
     return session;
+  }
+
+  private tenantsState(): NonNullable<AdminState["tenants"]> {
+    const { tenants, jainIndex } = this.admission.tenants();
+    return { fairness: this.config.fairness, jainIndex, list: tenants };
   }
 
   /** Tenants sharing the windows: usage, entitlement, sessions and pauses of each, and Jain's index (docs/tenants.md). */

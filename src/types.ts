@@ -219,6 +219,11 @@ export interface AdminState {
   sessions: { total: number; waiting: number; active: number; idle: number; dormant: number; paused: number };
   /** Cumulative refusals by reason. */
   rejections: Record<string, number>;
+  /**
+   * Tenants sharing the windows (docs/tenants.md): every tenant seen, and Jain's index of
+   * usage ÷ entitlement among those with demand (1 when shares are met evenly).
+   */
+  tenants?: { fairness: "tenants" | "off"; jainIndex: number; list: TenantState[] };
   /** Present for a disaggregated fleet (prefill and decode replicas). */
   disaggregation?: {
     decodeCheck: "predicted" | "current" | "none";
@@ -226,6 +231,23 @@ export interface AdminState {
     refusedAfterPrefill: number;
     wastedPrefillTokens: number;
   };
+}
+
+/** One tenant in `AdminState.tenants`. */
+export interface TenantState {
+  tenant: string;
+  band: "protected" | "standard" | "sheddable";
+  weight: number;
+  /** What its active sessions hold in their windows (tokens of footprint for the token window). */
+  usageTokens: number;
+  /** Its weighted max-min share of the fleet's windows now; 0 without demand. */
+  entitlementTokens: number;
+  /** Its open sessions by state: `active` runs a step, `idle` holds its place between steps. */
+  sessions: { active: number; idle: number; waiting: number; paused: number; dormant: number };
+  /** Usage integrated over time, token·seconds. */
+  serviceTokenSeconds: number;
+  /** Sessions paused at a step boundary, by why. */
+  pauses: { fairness: number; priority: number; window: number };
 }
 
 export type CallOutcome = "ok" | "error" | "cancelled";

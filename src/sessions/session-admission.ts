@@ -13,7 +13,7 @@ import type { Band, TenantSpec } from "../config/scheduler-config.js";
 import { Refusal } from "../errors.js";
 import { entitlements, jainIndex } from "../tenants/fair-share.js";
 import { BAND_RANK, DEFAULT_TENANT, TenantLedger } from "../tenants/tenant-ledger.js";
-import type { Lane, SessionPhase, SessionState, SessionView } from "../types.js";
+import type { Lane, SessionPhase, SessionState, SessionView, TenantState } from "../types.js";
 import { IdleGaps } from "./idle-gaps.js";
 
 /** What a window counts: tokens of cache footprint (SPEC 6) or sessions (CONCUR). */
@@ -241,18 +241,7 @@ export interface SessionEventDetail {
 }
 
 /** One tenant as the metrics and the dashboard show it. */
-export interface TenantView {
-  tenant: string;
-  band: Band;
-  weight: number;
-  /** What its active sessions hold, in window units (tokens for the token window). */
-  usageTokens: number;
-  /** Its weighted max-min share of the fleet's windows now (0 without demand). */
-  entitlementTokens: number;
-  sessions: { active: number; idle: number; waiting: number; paused: number; dormant: number };
-  serviceTokenSeconds: number;
-  pauses: Record<PauseReason, number>;
-}
+export type TenantView = TenantState;
 
 export interface SessionAdmissionOptions {
   clock: Clock;
