@@ -38,9 +38,15 @@ import { DisaggregatedPath, type HeldCall } from "./scheduler/disaggregated-path
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
 import { type ResponseOrigin, ResponseOrigins } from "./sessions/response-origins.js";
-import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
+import {
+  SessionAdmission,
+  type SessionHandover,
+  type SessionRecord,
+  type TenantView,
+} from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
+import { DEFAULT_TENANT } from "./tenants/tenant-ledger.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
 import type {
@@ -183,7 +189,10 @@ export class Scheduler {
       retentionQuantile: this.config.sessions.retentionQuantile,
       blockTokens: this.config.blockSize,
       retryAfterSeconds: () => this.sessionRetryAfter(),
-      onEvent: (id, event, replica) => this.emit("session", { id, event, replica }),
+      onEvent: (id, event, replica, detail) => this.emit("session", { id, event, replica, ...detail }),
+      fairness: this.config.fairness,
+      tenants: this.config.tenants,
+      fairReclaimAfterMs: this.config.fairReclaimAfterMs,
       onRetention: (replica, retentionMs, source) => this.emit("retention", { replica, retentionMs, source }),
     });
     for (const replica of this.replicas) {
@@ -290,6 +299,7 @@ export class Scheduler {
     const id = init.id ?? this.newSessionId();
     validateSessionId(id);
     const session = this.admission.open(id, {
+      ...(init.tenant ? { tenant: init.tenant } : {}),
       ...(init.lane ? { lane: init.lane } : {}),
       ...(init.metadata ? { metadata: init.metadata } : {}),
     });
@@ -368,6 +378,7 @@ export class Scheduler {
         paused: counts.paused,
       },
       rejections: { ...this.rejections },
+      tenants: this.tenantsState(),
       ...(this.disaggregated ? { disaggregation: this.disaggregated.summary() } : {}),
     };
   }
@@ -389,7 +400,9 @@ export class Scheduler {
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
       // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
       const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
-      const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId);
+      // An empty tenant (a job of an unkeyed caller) is the default tenant.
+      const session =
+        sessionId === undefined ? undefined : await this.sessionFor(sessionId, req.tenant || undefined);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
       const { tokens, complete } = this.tokenize(req.input, contextWindow);
@@ -978,17 +991,38 @@ export class Scheduler {
     return model;
   }
 
-  private async sessionFor(id: string): Promise<SessionRecord> {
+  private async sessionFor(id: string, tenant: string | undefined): Promise<SessionRecord> {
     validateSessionId(id);
     const existing = this.admission.get(id);
-    if (existing && existing.state !== "closed") return existing;
+    if (existing && existing.state !== "closed") return this.ownedBy(existing, tenant);
     if (this.sessionDirectory && !existing) {
       const known = await this.sessionDirectory.lookup(id).catch(() => undefined);
       if (known?.replica && this.byId.has(known.replica)) this.pinHints.set(id, known.replica);
       const raced = this.admission.get(id);
-      if (raced && raced.state !== "closed") return raced;
+      if (raced && raced.state !== "closed") return this.ownedBy(raced, tenant);
     }
-    return this.admission.open(id);
+    return this.admission.open(id, tenant !== undefined ? { tenant } : {});
+  }
+
+  /**
+   * A step runs in its session's tenant and band: a call of another tenant naming the session's
+   * key never reaches it (so no client borrows another tenant's band or share by its key).
+   */
+  private ownedBy(session: SessionRecord, tenant: string | undefined): SessionRecord {
+    if (session.tenant !== (tenant ?? DEFAULT_TENANT)) {
+      throw new Refusal("session_not_found", `no session ${JSON.stringify(session.id)} of this tenant`);
+    }
+    return session;
+  }
+
+  private tenantsState(): NonNullable<AdminState["tenants"]> {
+    const { tenants, jainIndex } = this.admission.tenants();
+    return { fairness: this.config.fairness, jainIndex, list: tenants };
+  }
+
+  /** Tenants sharing the windows: usage, entitlement, sessions and pauses of each, and Jain's index (docs/tenants.md). */
+  tenants(): { tenants: TenantView[]; jainIndex: number } {
+    return this.admission.tenants();
   }
 
   /** The prompt's tokens; past `limitTokens` it may stop early (`complete` false), the prompt being refused anyway. */

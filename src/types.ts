@@ -100,10 +100,18 @@ export interface SessionView {
   retention_ms: number;
   lane?: Lane;
   metadata?: Record<string, unknown>;
+  /** The tenant the session belongs to (its API key's, `default` without one) and that tenant's band. */
+  tenant?: string;
+  band?: "protected" | "standard" | "sheddable";
+  /** While a step waits for room: its place in the admission order (1 is next) and why it waits. */
+  position?: number;
+  reason?: "window" | "priority" | "fairness";
 }
 
 export interface OpenSessionInit {
   id?: string;
+  /** The tenant opening it (from its API key); default `default`. */
+  tenant?: string;
   lane?: Lane;
   metadata?: Record<string, unknown>;
 }
@@ -213,6 +221,11 @@ export interface AdminState {
   sessions: { total: number; waiting: number; active: number; idle: number; dormant: number; paused: number };
   /** Cumulative refusals by reason. */
   rejections: Record<string, number>;
+  /**
+   * Tenants sharing the windows (docs/tenants.md): every tenant seen, and Jain's index of
+   * usage ÷ entitlement among those with demand (1 when shares are met evenly).
+   */
+  tenants?: { fairness: "tenants" | "off"; jainIndex: number; list: TenantState[] };
   /** Present for a disaggregated fleet (prefill and decode replicas). */
   disaggregation?: {
     decodeCheck: "predicted" | "current" | "none";
@@ -220,6 +233,23 @@ export interface AdminState {
     refusedAfterPrefill: number;
     wastedPrefillTokens: number;
   };
+}
+
+/** One tenant in `AdminState.tenants`. */
+export interface TenantState {
+  tenant: string;
+  band: "protected" | "standard" | "sheddable";
+  weight: number;
+  /** What its active sessions hold in their windows (tokens of footprint for the token window). */
+  usageTokens: number;
+  /** Its weighted max-min share of the fleet's windows now; 0 without demand. */
+  entitlementTokens: number;
+  /** Its open sessions by state: `active` runs a step, `idle` holds its place between steps. */
+  sessions: { active: number; idle: number; waiting: number; paused: number; dormant: number };
+  /** Usage integrated over time, token·seconds. */
+  serviceTokenSeconds: number;
+  /** Sessions paused at a step boundary, by why. */
+  pauses: { fairness: number; priority: number; window: number };
 }
 
 export type CallOutcome = "ok" | "error" | "cancelled";
@@ -244,6 +274,13 @@ export interface SchedulerEvents {
     id: string;
     event: "admitted" | "paused" | "resumed" | "dormant" | "closed";
     replica: string | null;
+    /** The session's tenant and band (the scheduler always names them). */
+    tenant?: string;
+    band?: "protected" | "standard" | "sheddable";
+    /** For `paused`: why it left its window (its tenant over its share, a higher band waiting, or the window shrank). */
+    reason?: "fairness" | "priority" | "window";
+    /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms (0: it did not wait). */
+    waitedMs?: number;
   }): void;
   /** An idle session was given a retention time (SPEC 6), from its own gaps, the fleet's, or the client's hint. */
   retention?(e: { replica: string; retentionMs: number; source: "own" | "fleet" | "hint" | "default" }): void;

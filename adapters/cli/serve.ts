@@ -37,6 +37,7 @@ import { createTokenizer } from "../tokenizers/index.js";
 import { type CommandSpec, parseCommandLine, renderHelp } from "./command-line.js";
 import { describeError } from "./error-cause.js";
 import { runServerCommand } from "./server-command.js";
+import { loadTenantsFile } from "./tenants-file.js";
 
 /** A running NATS front end; `adapters/nats` provides it (loaded only when `--nats` is given). */
 export interface NatsService {
@@ -94,6 +95,8 @@ export interface ServeOptions {
   bodyLimitBytes?: number;
   /** CORS origins (`*` for any); off when omitted. */
   corsOrigins?: string[];
+  /** A request header naming the tenant, for deployments behind a trusted gateway (docs/tenants.md). */
+  tenantHeader?: string;
   /** How long a shutdown lets running calls finish before cancelling them, ms. Default 30000. */
   drainTimeoutMs?: number;
   /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
@@ -357,6 +360,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     ...(options.dashboardPollMs ? { dashboardPollMs: options.dashboardPollMs } : {}),
     ...(options.keys ? { keys: options.keys } : {}),
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
+    ...(options.tenantHeader ? { tenantHeader: options.tenantHeader } : {}),
     ...(options.corsOrigins && options.corsOrigins.length > 0
       ? { cors: { origins: options.corsOrigins.includes("*") ? "*" : options.corsOrigins } }
       : {}),
@@ -649,6 +653,24 @@ export const SERVE_SETTINGS: readonly Setting[] = [
     help: "key for /v1/admin/* and /dashboard (Bearer, or ?key= on /dashboard)",
   }),
   defineSetting({
+    flag: "tenants",
+    path: "tenantsFile",
+    topic: ACCESS,
+    schema: z.string(),
+    placeholder: "<path>",
+    expects: "the path of a tenants file",
+    help: 'tenants file (JSON: tenant → { weight, band, max_share }); e.g. { "batch": { "band": "sheddable" } }',
+  }),
+  defineSetting({
+    flag: "tenant-header",
+    path: "tenantHeader",
+    topic: ACCESS,
+    schema: z.string().regex(/^[A-Za-z0-9-]+$/),
+    placeholder: "<name>",
+    expects: "a header name",
+    help: "request header naming the tenant; only behind a trusted gateway (clients could set it)",
+  }),
+  defineSetting({
     flag: "cors-origin",
     path: "corsOrigins",
     topic: ACCESS,
@@ -688,7 +710,21 @@ export async function serveOptionsFromArgs(
 ): Promise<ServeOptions> {
   const line = parseCommandLine(SERVE_COMMAND, argv, env, warn);
   if (line.kind !== "run") return {};
-  const { apiKeys, ...options } = line.values as ServeOptions & { apiKeys?: string };
+  const { apiKeys, tenantsFile, ...options } = line.values as ServeOptions & {
+    apiKeys?: string;
+    tenantsFile?: string;
+  };
+  if (tenantsFile !== undefined) {
+    const flag = line.sources.tenants === "env" ? "SLUICE_TENANTS" : "--tenants";
+    try {
+      options.config = { ...options.config, tenants: await loadTenantsFile(tenantsFile) };
+    } catch (err) {
+      throw new ConfigError(`${flag} ${tenantsFile}: ${(err as Error).message}`, {
+        flag,
+        value: tenantsFile,
+      });
+    }
+  }
   if (options.tokenizer !== undefined) {
     try {
       createTokenizer(options.tokenizer);

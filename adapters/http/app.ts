@@ -80,7 +80,15 @@ export interface AppOptions {
   clock?: Clock;
   /** Server-side history the dashboard draws; one sampling every second is created when omitted. */
   history?: StateHistory;
+  /**
+   * A request header naming the caller's tenant, set by a trusted gateway in front (`--tenant-header`).
+   * Without it no header ever sets a tenant: the API key's tenant, else `default` (docs/tenants.md).
+   */
+  tenantHeader?: string;
 }
+
+/** A tenant name as a header may give it: a short token, so it is safe in logs and metric labels. */
+const TENANT_NAME = /^[A-Za-z0-9._:@/-]{1,128}$/;
 
 /** Default of `streamStallTimeoutMs`. */
 export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
@@ -113,6 +121,9 @@ function validateOptions(options: AppOptions): void {
   const stall = options.streamStallTimeoutMs;
   if (stall !== undefined && !(Number.isFinite(stall) && stall >= 0)) {
     throw new RangeError(`streamStallTimeoutMs must be ≥ 0, got ${stall}`);
+  }
+  if (options.tenantHeader !== undefined && !/^[A-Za-z0-9-]+$/.test(options.tenantHeader)) {
+    throw new RangeError(`tenantHeader must be a header name, got ${JSON.stringify(options.tenantHeader)}`);
   }
   if (options.adminKey !== undefined && options.adminKey.length < 8) {
     throw new RangeError(`adminKey must have at least 8 characters, got ${options.adminKey.length}`);
@@ -209,6 +220,26 @@ export function createApp(options: AppOptions): SluiceApp {
   const keysOn = keys !== undefined && keys.size > 0;
   const adminLocked = keysOn || adminKey !== undefined;
   const clock = options.clock ?? realClock;
+  const tenantHeader = options.tenantHeader?.toLowerCase();
+  /** The caller's tenant: the trusted gateway's header when configured and sent, else the key's; undefined: `default`. */
+  const tenantOf = (c: Context<Env>): string | undefined => {
+    if (tenantHeader !== undefined) {
+      const named = c.req.header(tenantHeader)?.trim();
+      if (named) {
+        if (!TENANT_NAME.test(named)) {
+          throw new Refusal(
+            "invalid_request",
+            `${tenantHeader} must be 1–128 characters of letters, digits and . _ : @ / -`,
+          );
+        }
+        return named;
+      }
+    }
+    return c.get("identity")?.tenant;
+  };
+  /** Whether the caller may see a session of `tenant`: its own, or any with an admin key. */
+  const mayReach = (c: Context<Env>, tenant: string | undefined): boolean =>
+    c.get("identity")?.admin === true || (tenant || "default") === (tenantOf(c) || "default");
   const logger = options.logger ?? silentLogger();
   const accessLog = new AccessLog(logger, { clock });
   const history = options.history ?? new StateHistory({ scheduler, clock });
@@ -380,6 +411,7 @@ export function createApp(options: AppOptions): SluiceApp {
           "x-sluice-lane",
           "x-sluice-replica",
           "x-sluice-queue-ms",
+          "x-sluice-tenant",
           "retry-after",
           "x-should-retry",
           "x-ratelimit-limit-requests",
@@ -522,6 +554,8 @@ export function createApp(options: AppOptions): SluiceApp {
     if (body.id !== undefined) init.id = body.id;
     if (body.lane !== undefined) init.lane = body.lane;
     if (body.metadata !== undefined) init.metadata = body.metadata;
+    const tenant = tenantOf(c);
+    if (tenant !== undefined) init.tenant = tenant;
     const view = scheduler.openSession(init);
     return c.json({ id: view.id, state: view.state }, 201);
   });
@@ -536,13 +570,14 @@ export function createApp(options: AppOptions): SluiceApp {
   app.get("/v1/sessions/:id", requireKey, (c) => {
     const id = c.req.param("id") ?? "";
     const view = scheduler.getSession(id);
-    if (!view) throw unknownSession(id);
-    return c.json(view);
+    if (!view || !mayReach(c, view.tenant)) throw unknownSession(id);
+    return c.json(view, 200, { "x-sluice-tenant": view.tenant ?? "default" });
   });
 
   app.delete("/v1/sessions/:id", requireKey, (c) => {
     const id = c.req.param("id") ?? "";
-    if (!scheduler.closeSession(id)) throw unknownSession(id);
+    const view = scheduler.getSession(id);
+    if (!view || !mayReach(c, view.tenant) || !scheduler.closeSession(id)) throw unknownSession(id);
     return c.body(null, 204);
   });
 
@@ -566,7 +601,7 @@ export function createApp(options: AppOptions): SluiceApp {
     let sessionId = pathSession;
     if (sessionId !== undefined) {
       const view = scheduler.getSession(sessionId);
-      if (!view || view.state === "closed") throw unknownSession(sessionId);
+      if (!view || view.state === "closed" || !mayReach(c, view.tenant)) throw unknownSession(sessionId);
     } else {
       sessionId = sessionKeyOf(c);
     }
@@ -608,10 +643,9 @@ export function createApp(options: AppOptions): SluiceApp {
     if (declaredLane !== undefined) req.declaredLane = declaredLane;
     if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
     if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
-    if (identity) {
-      req.priority = identity.priority;
-      req.tenant = identity.tenant;
-    }
+    if (identity) req.priority = identity.priority;
+    const tenant = tenantOf(c);
+    if (tenant !== undefined) req.tenant = tenant;
 
     const facts = c.get("facts");
     if (sessionId !== undefined) facts.session = sessionId;
@@ -674,6 +708,7 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-lane": call.lane,
       "x-sluice-replica": call.replica,
       "x-sluice-queue-ms": String(Math.round(call.queueMs)),
+      "x-sluice-tenant": tenant ?? "default",
     };
 
     if (stream) {

@@ -5,6 +5,7 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, type Registry } from 
 import { REFUSAL_STATUS } from "../../src/errors.js";
 import type { AdminState, Lane, LaneClass, OverloadStage, SchedulerEvents } from "../../src/types.js";
 import { registerGateMetrics } from "./gate-metrics.js";
+import { registerTenantMetrics } from "./tenant-metrics.js";
 
 /** What the metrics need from the scheduler. */
 export interface MetricsScheduler {
@@ -554,6 +555,7 @@ export function createMetrics(
     },
     session(e) {
       if (e.event === "dormant" && e.replica !== null) dormancies.inc({ replica: e.replica });
+      tenantMetrics.onSession(e);
     },
     retention(e) {
       retention.observe({ replica: e.replica }, Math.max(0, e.retentionMs) / 1000);
@@ -562,6 +564,7 @@ export function createMetrics(
       windowChanges.inc({ replica: e.replica, action: e.action });
     },
   };
+  const tenantMetrics = registerTenantMetrics(registry, () => snapshot().tenants);
   scheduler.addEvents(events);
 
   return { registry, events, recordRefusal, recordCompletion };

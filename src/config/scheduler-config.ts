@@ -34,6 +34,24 @@ export type WindowUnit = (typeof WINDOW_UNITS)[number];
 export const DECODE_CHECKS = ["predicted", "current", "none"] as const;
 export type DecodeCheck = (typeof DECODE_CHECKS)[number];
 
+/** Priority bands of tenants, in strict order (docs/tenants.md). */
+export const BANDS = ["protected", "standard", "sheddable"] as const;
+export type Band = (typeof BANDS)[number];
+
+/** One tenant's share of the fleet's windows: weight, band and an optional cap (docs/tenants.md). */
+export const tenantSchema = z.strictObject({
+  /** Weight of its share, > 0. Default 1. */
+  weight: z.number().positive().finite().optional(),
+  /** Its band. Default `standard`. */
+  band: z.enum(BANDS).optional(),
+  /** Largest share of the fleet's total window it may be entitled to, in (0, 1]. */
+  max_share: z.number().gt(0).max(1).optional(),
+});
+export type TenantSpec = z.output<typeof tenantSchema>;
+
+/** `--tenants FILE`: tenant name → its share. */
+export const tenantsSchema = z.record(z.string().min(1), tenantSchema);
+
 const laneQueue = z.strictObject({
   /** Lane queue limit; undefined follows the gate's request queue limit. */
   queueLimit: nonNegativeInt.optional(),
@@ -45,6 +63,12 @@ const laneQueue = z.strictObject({
 
 export const schedulerConfigSchema = z.strictObject({
   policy: z.enum(POLICIES).default("sluice"),
+  /** `tenants`: the windows are shared among tenants by weight and band; `off`: arrival order. */
+  fairness: z.enum(["tenants", "off"]).default("tenants"),
+  /** Tenants with a weight, band or cap; a tenant not named here has weight 1, band `standard`. */
+  tenants: tenantsSchema.default({}),
+  /** How long a session of a tenant below its entitlement (or of a higher band) waits before others are paused for it, ms. */
+  fairReclaimAfterMs: ms.default(5000),
   /** Router block size in tokens (SPEC 7). */
   blockSize: positiveInt.default(64),
   /** `max_tokens` of a call that sets none. */

@@ -249,6 +249,18 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     topic: TOPICS.sessions,
     help: "sessions waiting for a window; beyond: 429 session_queue_full",
   }),
+  configSetting({
+    flag: "fairness",
+    field: "fairness",
+    topic: TOPICS.sessions,
+    help: "tenants: windows shared among tenants by weight and band; off: arrival order",
+  }),
+  configSetting({
+    flag: "fair-reclaim-after-ms",
+    field: "fairReclaimAfterMs",
+    topic: TOPICS.sessions,
+    help: "wait of a session below its tenant's share before over-share sessions are paused, ms",
+  }),
 ];
 
 /**

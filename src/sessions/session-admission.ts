@@ -9,8 +9,11 @@
 
 import type { Cancel, Clock } from "../clock.js";
 import { DEFAULT_SESSIONS } from "../config/defaults.js";
+import type { Band, TenantSpec } from "../config/scheduler-config.js";
 import { Refusal } from "../errors.js";
-import type { Lane, SessionPhase, SessionState, SessionView } from "../types.js";
+import { entitlements, jainIndex } from "../tenants/fair-share.js";
+import { BAND_RANK, DEFAULT_TENANT, TenantLedger } from "../tenants/tenant-ledger.js";
+import type { Lane, SessionPhase, SessionState, SessionView, TenantState } from "../types.js";
 import { IdleGaps } from "./idle-gaps.js";
 
 /** What a window counts: tokens of cache footprint (SPEC 6) or sessions (CONCUR). */
@@ -29,6 +32,12 @@ export type SessionPlace =
   | { readonly state: "active"; readonly replica: string; readonly pauseRequested: boolean }
   | { readonly state: "paused" | "dormant"; readonly replica: string; readonly since: number }
   | { readonly state: "closed"; readonly replica: string | null };
+
+/** Why a session left its window at a step boundary: its tenant was over its share, a higher band waited, or the window shrank. */
+export type PauseReason = "fairness" | "priority" | "window";
+
+/** Why a waiting step still waits: no room, a higher band first, or tenants below their share first. */
+export type WaitReason = "window" | "priority" | "fairness";
 
 /** No prompt blocks known (before a step, or counted nowhere). */
 const NO_BLOCKS: readonly string[] = Object.freeze([]);
@@ -57,6 +66,12 @@ export class SessionRecord {
   home: string | null = null;
   /** Steps waiting for this session to become active. */
   readonly waiters: StepWaiter[] = [];
+  /** The tenant it belongs to (fixed at open) and that tenant's band. */
+  tenant: string = DEFAULT_TENANT;
+  band: Band = "standard";
+  /** Why a pause was asked of it while active (null: none asked), and why it last left its window. */
+  pauseReason: PauseReason | null = null;
+  lastPauseReason: PauseReason | null = null;
   /** Free for the scheduler: per-session routing state (incremental hashes). */
   routing: unknown = undefined;
   /** Prompt plus `max_tokens` of the steps waiting or running now, the most one of them can hold; 0 between steps. */
@@ -159,6 +174,30 @@ interface StepWaiter {
   detachSignal: (() => void) | undefined;
 }
 
+/** A tenant's standing in the shares now. */
+interface TenantShare {
+  usage: number;
+  entitlement: number;
+  /** usage ÷ entitlement (0 with neither; Infinity holding room without entitlement). */
+  ratio: number;
+  virtualService: number;
+}
+
+/** A session waiting for room, with its sort keys (see `fairEntries`). */
+interface FairEntry {
+  session: SessionRecord;
+  /** The replica a paused or returning session waits for. */
+  slots: ReplicaSlots | undefined;
+  /** The queued step of a session never admitted. */
+  waiter: StepWaiter | undefined;
+  band: number;
+  starving: number;
+  ratio: number;
+  service: number;
+  group: number;
+  order: number;
+}
+
 interface ReplicaSlots {
   readonly id: string;
   /** null: no window (the policy admits every session at once). Sessions or tokens, as the unit says. */
@@ -191,6 +230,19 @@ interface ReplicaSlots {
 
 export type SessionEventName = "admitted" | "paused" | "resumed" | "dormant" | "closed";
 
+/** What an event says besides its name: the session's tenant and band, why it paused, how long its step waited. */
+export interface SessionEventDetail {
+  tenant: string;
+  band: Band;
+  /** For `paused`: why it left its window. */
+  reason?: PauseReason;
+  /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms. */
+  waitedMs?: number;
+}
+
+/** One tenant as the metrics and the dashboard show it. */
+export type TenantView = TenantState;
+
 export interface SessionAdmissionOptions {
   clock: Clock;
   /** Sessions that may wait for a first admission at once (beyond: 429 `session_queue_full`). */
@@ -209,7 +261,13 @@ export interface SessionAdmissionOptions {
   maxSessions?: number;
   /** Estimated seconds until a slot frees, for Retry-After. */
   retryAfterSeconds?: () => number;
-  onEvent?: (id: string, event: SessionEventName, replica: string | null) => void;
+  onEvent?: (id: string, event: SessionEventName, replica: string | null, detail: SessionEventDetail) => void;
+  /** `tenants`: windows shared among tenants by weight and band (docs/tenants.md); `off` (default): arrival order. */
+  fairness?: "tenants" | "off";
+  /** Tenants' weights, bands and caps; others have weight 1, band `standard`. */
+  tenants?: Readonly<Record<string, TenantSpec>>;
+  /** A session below its tenant's share (or of a higher band) waiting longer than this makes others pause for it, ms. Default 5000. */
+  fairReclaimAfterMs?: number;
   /** An idle session was given a retention time. */
   onRetention?: (replica: string, retentionMs: number, source: RetentionSource) => void;
 }
@@ -287,6 +345,10 @@ export class SessionAdmission {
   private fleetGrowthSamples = 0;
   private admittedSeq = 0;
   private filling = false;
+  private readonly fairness: boolean;
+  private readonly reclaimAfterMs: number;
+  private readonly ledger: TenantLedger;
+  private readonly pauseCounts = new Map<string, Record<PauseReason, number>>();
 
   constructor(options: SessionAdmissionOptions) {
     this.options = options;
@@ -295,6 +357,9 @@ export class SessionAdmission {
     this.retentionQuantile = options.retentionQuantile ?? DEFAULT_SESSIONS.retentionQuantile;
     this.blockTokens = options.blockTokens ?? 0;
     this.maxSessions = options.maxSessions ?? 100_000;
+    this.fairness = options.fairness === "tenants";
+    this.reclaimAfterMs = options.fairReclaimAfterMs ?? 5000;
+    this.ledger = new TenantLedger(options.tenants ?? {});
   }
 
   /** Registers a replica; `size` null means no window. */
@@ -361,10 +426,16 @@ export class SessionAdmission {
   }
 
   /** Opens a session (state `waiting`); an id that is open already is returned as it is. */
-  open(id: string, init: { lane?: Lane; metadata?: Record<string, unknown> } = {}): SessionRecord {
+  open(
+    id: string,
+    init: { lane?: Lane; metadata?: Record<string, unknown>; tenant?: string | undefined } = {},
+  ): SessionRecord {
     const existing = this.sessions.get(id);
     if (existing && existing.state !== "closed") return existing;
     const session = new SessionRecord(id, init.lane, init.metadata, this.clock.now());
+    session.tenant = init.tenant ?? DEFAULT_TENANT;
+    session.band = this.ledger.policy(session.tenant).band;
+    this.ledger.countSession(session.tenant, 1);
     this.sessions.delete(id);
     this.sessions.set(id, session);
     this.bound();
@@ -387,6 +458,13 @@ export class SessionAdmission {
       footprint_tokens: tokenFootprint(session),
       retention_ms: session.retentionMs,
     };
+    view.tenant = session.tenant;
+    view.band = session.band;
+    const standing = this.standing(session);
+    if (standing) {
+      view.position = standing.position;
+      view.reason = standing.reason;
+    }
     if (session.lane) view.lane = session.lane;
     if (session.metadata) view.metadata = session.metadata;
     return view;
@@ -435,7 +513,11 @@ export class SessionAdmission {
         }
       }
       const alreadyQueued = session.waiters.some((waiter) => waiter.queued);
-      if (!alreadyQueued && this.queue.length >= this.options.queueLimit) {
+      if (
+        !alreadyQueued &&
+        this.queue.length >= this.options.queueLimit &&
+        !(this.options.queueLimit > 0 && this.refuseLowerBand(session))
+      ) {
         return Promise.reject(
           new Refusal(
             "session_queue_full",
@@ -511,7 +593,7 @@ export class SessionAdmission {
     session.evacuated = true;
     session.home = null;
     this.account(session);
-    this.options.onEvent?.(session.id, "paused", session.movedFrom);
+    this.emit(session, "paused", session.movedFrom, { reason: "window" });
     this.fill();
   }
 
@@ -588,6 +670,7 @@ export class SessionAdmission {
       }
     }
     this.reclaimIdle();
+    this.reclaimForShares();
   }
 
   counts(): AdmissionCounts {
@@ -844,11 +927,14 @@ export class SessionAdmission {
 
   /** Brings what a session counts for in its replica's window up to date: the one place `held` changes. */
   private account(session: SessionRecord): void {
+    // A reclaim's victim holds its footprint until it pauses: the next decision waits for the room it frees.
+    const counted = !session.pauseRequested || session.pauseReason !== "window";
     const slots =
-      session.state === "active" && !session.pauseRequested && session.replica !== null
+      session.state === "active" && counted && session.replica !== null
         ? this.replicas.get(session.replica)
         : undefined;
     const amount = slots ? this.footprint(session) : 0;
+    this.ledger.addUsage(session.tenant, amount - session.held, this.clock.now());
     const before = session.heldOn;
     if (before) {
       before.held -= session.held;
@@ -944,7 +1030,8 @@ export class SessionAdmission {
     session.place = { state: "active", replica, pauseRequested: false };
     insertByAdmission(slots.active, session);
     this.account(session);
-    this.options.onEvent?.(session.id, event, replica);
+    const waitedMs = session.waiters.length > 0 ? this.clock.now() - session.waiters[0]!.enqueuedAt : 0;
+    this.emit(session, event, replica, { waitedMs });
     for (const waiter of session.waiters.splice(0)) this.settle(waiter, replica);
   }
 
@@ -954,12 +1041,44 @@ export class SessionAdmission {
     session.place = { state: to, replica: slots.id, since: this.clock.now() };
     (to === "paused" ? slots.paused : slots.dormant).push(session);
     session.retainedInHost = this.hostHasRoom(slots, session);
-    this.account(session);
-    this.options.onEvent?.(session.id, to, session.replica);
+    if (to === "paused") {
+      const reason = session.pauseReason ?? "window";
+      session.lastPauseReason = reason;
+      session.pauseReason = null;
+      const counts = this.pausesOf(session.tenant);
+      counts[reason]++;
+      this.account(session);
+      this.emit(session, to, session.replica, { reason });
+    } else {
+      this.account(session);
+      this.emit(session, to, session.replica, {});
+    }
   }
 
   private pause(session: SessionRecord, slots: ReplicaSlots): void {
     this.leave(session, slots, "paused");
+  }
+
+  private emit(
+    session: SessionRecord,
+    event: SessionEventName,
+    replica: string | null,
+    extra: { reason?: PauseReason; waitedMs?: number },
+  ): void {
+    this.options.onEvent?.(session.id, event, replica, {
+      tenant: session.tenant,
+      band: session.band,
+      ...extra,
+    });
+  }
+
+  private pausesOf(tenant: string): Record<PauseReason, number> {
+    let counts = this.pauseCounts.get(tenant);
+    if (!counts) {
+      counts = { fairness: 0, priority: 0, window: 0 };
+      this.pauseCounts.set(tenant, counts);
+    }
+    return counts;
   }
 
   /** The window holds more than its size: choose who leaves at their next step boundary. */
@@ -970,7 +1089,7 @@ export class SessionAdmission {
       // A lone session is never asked to leave the token window: nothing would run.
       if (this.unit === "tokens" && slots.holders <= 1) break;
       if (session.pauseRequested) continue;
-      requestPause(session, true);
+      requestPause(session, true, "window");
       this.account(session);
     }
     for (const session of [...slots.active]) {
@@ -1052,20 +1171,24 @@ export class SessionAdmission {
   private fill(): void {
     if (this.filling) return;
     this.filling = true;
+    const shared = this.sharing();
     try {
       for (const slots of this.replicas.values()) {
         // Most replicas have nothing pending: a step's end must not cost a pass over every session.
         if (slots.pauseRequests === 0 && slots.paused.length === 0 && slots.dormant.length === 0) continue;
         for (const session of slots.pauseRequests > 0 ? slots.active : []) {
-          if (!session.pauseRequested) continue;
+          // Only the window's own requests are withdrawn when it has room: a reclaim stands until its boundary.
+          if (!session.pauseRequested || session.pauseReason !== "window") continue;
           requestPause(session, false);
           this.account(session);
           if (slots.size !== null && occupied(slots) > slots.size) {
-            requestPause(session, true);
+            requestPause(session, true, "window");
             this.account(session);
             break;
           }
         }
+        // Shared among tenants, returning sessions take their turn in the tenants' order below.
+        if (shared) continue;
         if (slots.paused.length + slots.dormant.length > 0) {
           for (const session of [...slots.paused, ...slots.dormant]) {
             if (this.starving(session) && this.fits(slots, session))
@@ -1081,7 +1204,8 @@ export class SessionAdmission {
           this.activate(session, slots.id, "resumed");
         }
       }
-      while (this.queue.length > 0) {
+      if (shared) this.fairFill();
+      while (!shared && this.queue.length > 0) {
         const waiter = this.queue[0]!;
         const candidates = this.candidates(waiter.session);
         if (candidates.length === 0) break;
@@ -1095,6 +1219,310 @@ export class SessionAdmission {
     } finally {
       this.filling = false;
     }
+  }
+
+  /** Whether admission follows the tenants' shares now: fairness on and sessions of more than one tenant open. */
+  private sharing(): boolean {
+    return this.fairness && this.ledger.shared;
+  }
+
+  /**
+   * Every tenant's usage, entitlement and virtual service now. Demand is what
+   * its active sessions hold plus the footprints of its paused, returning and
+   * queued ones; the total is the sum of the accepting replicas' windows.
+   */
+  private shares(): Map<string, TenantShare> {
+    const now = this.clock.now();
+    const demand = new Map<string, number>();
+    const add = (session: SessionRecord) =>
+      demand.set(session.tenant, (demand.get(session.tenant) ?? 0) + this.footprint(session));
+    let total = 0;
+    let sized = false;
+    for (const slots of this.replicas.values()) {
+      if (slots.accepting && slots.size !== null) {
+        total += slots.size;
+        sized = true;
+      }
+      for (const session of slots.paused) add(session);
+      for (const session of slots.dormant) if (session.waiters.length > 0) add(session);
+    }
+    for (const waiter of this.queue) add(waiter.session);
+    const accounts = this.ledger.snapshot(now);
+    for (const account of accounts) {
+      if (account.usage > 0)
+        demand.set(account.policy.name, (demand.get(account.policy.name) ?? 0) + account.usage);
+    }
+    const demands = [...demand].map(([tenant, tokens]) => {
+      const policy = this.ledger.policy(tenant);
+      return { tenant, weight: policy.weight, demandTokens: tokens, maxShare: policy.maxShare };
+    });
+    const entitled = entitlements(sized ? total : Number.POSITIVE_INFINITY, demands);
+    const shares = new Map<string, TenantShare>();
+    for (const account of accounts) {
+      const entitlement = entitled.get(account.policy.name) ?? 0;
+      const usage = account.usage;
+      shares.set(account.policy.name, {
+        usage,
+        entitlement,
+        ratio: entitlement > 0 ? usage / entitlement : usage > 0 ? Number.POSITIVE_INFINITY : 0,
+        virtualService: account.virtualService,
+      });
+    }
+    return shares;
+  }
+
+  /**
+   * Sessions waiting for room, in the tenants' order (docs/tenants.md): band
+   * first; then a step waiting half the wait limit; then the tenant with the
+   * lowest usage ÷ entitlement, ties by least virtual service; within a
+   * tenant SPEC 6's order (paused, returning dormant, then never admitted).
+   * Pinned sessions on `blocked` replicas are left out.
+   */
+  private fairEntries(shares: Map<string, TenantShare>, blocked: ReadonlySet<ReplicaSlots>): FairEntry[] {
+    const entries: FairEntry[] = [];
+    const push = (session: SessionRecord, group: number, slots?: ReplicaSlots, waiter?: StepWaiter) => {
+      const share = shares.get(session.tenant);
+      entries.push({
+        session,
+        slots,
+        waiter,
+        band: BAND_RANK[session.band],
+        starving: this.starving(session) ? 0 : 1,
+        ratio: share?.ratio ?? 0,
+        service: share?.virtualService ?? 0,
+        group,
+        order: entries.length,
+      });
+    };
+    for (const slots of this.replicas.values()) {
+      if (blocked.has(slots)) continue;
+      for (const session of this.resumeOrder(slots.paused)) push(session, 0, slots);
+      for (const session of returningOrder(slots.dormant)) push(session, 1, slots);
+    }
+    for (const waiter of this.queue)
+      push(waiter.session, waiter.session.evacuated ? 0 : 2, undefined, waiter);
+    entries.sort(
+      (a, b) =>
+        a.band - b.band ||
+        a.starving - b.starving ||
+        a.ratio - b.ratio ||
+        a.service - b.service ||
+        (a.session.tenant < b.session.tenant ? -1 : a.session.tenant > b.session.tenant ? 1 : 0) ||
+        a.group - b.group ||
+        a.order - b.order,
+    );
+    return entries;
+  }
+
+  /**
+   * Room opened while tenants share the windows: the best-placed waiting
+   * session goes first. A pinned one without room keeps its replica's room
+   * for itself (no one after it takes it); a never-admitted one without room
+   * anywhere stops the pass, so room freed for it is not taken by others.
+   */
+  private fairFill(): void {
+    const blocked = new Set<ReplicaSlots>();
+    for (;;) {
+      const entries = this.fairEntries(this.shares(), blocked);
+      let admitted = false;
+      for (const entry of entries) {
+        if (entry.slots) {
+          if (!this.fits(entry.slots, entry.session)) {
+            blocked.add(entry.slots);
+            continue;
+          }
+          this.activate(entry.session, entry.slots.id, "resumed");
+          admitted = true;
+          break;
+        }
+        const waiter = entry.waiter!;
+        const candidates = this.candidatesOutside(waiter.session, blocked);
+        if (candidates.length === 0) return;
+        const replica = waiter.choose(candidates);
+        if (replica === undefined || !candidates.includes(replica)) return;
+        removeFrom(this.queue, waiter);
+        waiter.queued = false;
+        this.activate(waiter.session, replica, "admitted");
+        admitted = true;
+        break;
+      }
+      if (!admitted) return;
+    }
+  }
+
+  /** Replicas with room for a never-admitted session, outside `blocked` (its home first, as `candidates` has it). */
+  private candidatesOutside(session: SessionRecord, blocked: ReadonlySet<ReplicaSlots>): string[] {
+    const home = session.home !== null ? this.replicas.get(session.home) : undefined;
+    if (home?.accepting && !this.starving(session))
+      return !blocked.has(home) && this.fits(home, session) ? [home.id] : [];
+    const ids: string[] = [];
+    for (const [id, slots] of this.replicas)
+      if (!blocked.has(slots) && this.fits(slots, session)) ids.push(id);
+    return ids;
+  }
+
+  /**
+   * Reclaim (docs/tenants.md): the best-placed session that waited longer
+   * than the reclaim delay, of a tenant below its entitlement or of a higher
+   * band than sessions holding room, has others paused for it at their next
+   * step boundary until it fits: lowest band first, then the tenant furthest
+   * above its entitlement, then its most recently admitted session. Paced:
+   * nothing more is decided while a victim of the last decision still runs.
+   */
+  private reclaimForShares(): void {
+    if (!this.sharing()) return;
+    for (const slots of this.replicas.values()) {
+      for (const session of slots.active)
+        if (session.pauseRequested && session.pauseReason !== "window") return;
+    }
+    const now = this.clock.now();
+    const shares = this.shares();
+    for (const entry of this.fairEntries(shares, new Set())) {
+      const first = entry.waiter ?? entry.session.waiters[0];
+      if (!first || now - first.enqueuedAt < this.reclaimAfterMs) continue;
+      const claimant = shares.get(entry.session.tenant);
+      const below = claimant !== undefined && claimant.usage < claimant.entitlement;
+      const victims = this.victims(entry.session, below, shares, entry.slots);
+      if (victims.length === 0) continue;
+      const target = entry.slots ?? victims[0]!.heldOn!;
+      if (target.size === null) continue;
+      const need = this.footprint(entry.session);
+      let room = target.size - occupied(target);
+      const taken = new Map<string, number>();
+      let paused = false;
+      for (const victim of victims) {
+        if (room >= need) break;
+        if (victim.heldOn !== target) continue;
+        const share = shares.get(victim.tenant)!;
+        const reason: PauseReason =
+          BAND_RANK[victim.band] > BAND_RANK[entry.session.band] ? "priority" : "fairness";
+        // A tenant is brought down to its entitlement, not below it, for fairness.
+        const left = share.usage - (taken.get(victim.tenant) ?? 0);
+        if (reason === "fairness" && left <= share.entitlement) continue;
+        taken.set(victim.tenant, (taken.get(victim.tenant) ?? 0) + victim.held);
+        room += victim.held;
+        requestPause(victim, true, reason);
+        this.account(victim);
+        if (victim.running === 0 && victim.waiters.length === 0) this.pause(victim, target);
+        paused = true;
+      }
+      if (paused) {
+        this.fill();
+        return;
+      }
+    }
+  }
+
+  /** Active sessions that may be paused for `claimant`, in the order they go. */
+  private victims(
+    claimant: SessionRecord,
+    claimantBelow: boolean,
+    shares: Map<string, TenantShare>,
+    pinned: ReplicaSlots | undefined,
+  ): SessionRecord[] {
+    const rank = BAND_RANK[claimant.band];
+    const found: SessionRecord[] = [];
+    for (const slots of this.replicas.values()) {
+      if (slots.size === null || !slots.accepting || (pinned && slots !== pinned)) continue;
+      for (const session of slots.active) {
+        if (session.tenant === claimant.tenant || session.pauseRequested || session.heldOn !== slots)
+          continue;
+        const victimRank = BAND_RANK[session.band];
+        // A protected session is never paused for a lower or equal band.
+        if (victimRank < rank || (victimRank === rank && session.band === "protected")) continue;
+        if (victimRank === rank) {
+          const share = shares.get(session.tenant);
+          if (!claimantBelow || !share || share.usage <= share.entitlement) continue;
+        }
+        found.push(session);
+      }
+    }
+    const ratio = (session: SessionRecord) => shares.get(session.tenant)?.ratio ?? 0;
+    found.sort(
+      (a, b) => BAND_RANK[b.band] - BAND_RANK[a.band] || ratio(b) - ratio(a) || b.admittedSeq - a.admittedSeq,
+    );
+    return found;
+  }
+
+  /** Where a waiting session stands: its place in the order and why it waits; undefined when it does not wait. */
+  private standing(session: SessionRecord): { position: number; reason: WaitReason } | undefined {
+    if (session.waiters.length === 0 || session.state === "active" || session.state === "closed")
+      return undefined;
+    if (!this.sharing()) {
+      const queued = this.queue.findIndex((waiter) => waiter.session === session);
+      if (queued >= 0) return { position: queued + 1, reason: "window" };
+      const slots = session.replica ? this.replicas.get(session.replica) : undefined;
+      const returning = slots ? [...this.resumeOrder(slots.paused), ...returningOrder(slots.dormant)] : [];
+      return { position: Math.max(0, returning.indexOf(session)) + 1, reason: "window" };
+    }
+    const entries = this.fairEntries(this.shares(), new Set());
+    const index = entries.findIndex((entry) => entry.session === session);
+    if (index < 0) return undefined;
+    let reason: WaitReason = "window";
+    for (const ahead of entries.slice(0, index)) {
+      if (ahead.band < BAND_RANK[session.band]) {
+        reason = "priority";
+        break;
+      }
+      if (ahead.session.tenant !== session.tenant) reason = "fairness";
+    }
+    return { position: index + 1, reason };
+  }
+
+  /** Every tenant seen, as the metrics and the dashboard show it, and Jain's index of usage ÷ entitlement among those with demand. */
+  tenants(): { tenants: TenantView[]; jainIndex: number } {
+    const shares = this.shares();
+    const views = new Map<string, TenantView>();
+    for (const account of this.ledger.snapshot(this.clock.now())) {
+      const name = account.policy.name;
+      views.set(name, {
+        tenant: name,
+        band: account.policy.band,
+        weight: account.policy.weight,
+        usageTokens: account.usage,
+        entitlementTokens: shares.get(name)?.entitlement ?? 0,
+        sessions: { active: 0, idle: 0, waiting: 0, paused: 0, dormant: 0 },
+        serviceTokenSeconds: account.serviceTokenMs / 1000,
+        pauses: { ...this.pausesOf(name) },
+      });
+    }
+    for (const session of this.sessions.values()) {
+      const view = views.get(session.tenant);
+      if (!view || session.state === "closed") continue;
+      if (session.state === "active") view.sessions[session.running > 0 ? "active" : "idle"]++;
+      else view.sessions[session.state]++;
+    }
+    const ratios: number[] = [];
+    for (const share of shares.values())
+      if (share.entitlement > 0) ratios.push(share.usage / share.entitlement);
+    return { tenants: [...views.values()], jainIndex: jainIndex(ratios) };
+  }
+
+  /** The queue is full and `session` would wait: the most recently queued session of a lower band gives up its place. */
+  private refuseLowerBand(session: SessionRecord): boolean {
+    if (!this.fairness) return false;
+    const rank = BAND_RANK[session.band];
+    let victim: StepWaiter | undefined;
+    let victimRank = rank;
+    for (const waiter of this.queue) {
+      const other = BAND_RANK[waiter.session.band];
+      if (other > victimRank || (other === victimRank && victim !== undefined)) {
+        victim = waiter;
+        victimRank = other;
+      }
+    }
+    if (!victim || victimRank <= rank) return false;
+    this.drop(
+      victim,
+      new Refusal(
+        "session_queue_full",
+        `the session queue is full: a session of a higher band took this place`,
+        {
+          retryAfterSeconds: this.options.retryAfterSeconds?.() ?? 1,
+        },
+      ),
+    );
+    return true;
   }
 
   /**
@@ -1146,6 +1574,8 @@ export class SessionAdmission {
         detachSignal: undefined,
       };
       session.waiters.push(waiter);
+      // A tenant asking again after holding nothing banks no credit for its idle time (VTC).
+      if (this.fairness) this.ledger.lift(session.tenant, this.clock.now());
       if (session.state === "waiting" && !session.waiters.some((other) => other !== waiter && other.queued)) {
         waiter.queued = true;
         if (session.evacuated) {
@@ -1229,7 +1659,8 @@ export class SessionAdmission {
     for (const waiter of [...session.waiters]) {
       this.drop(waiter, new Refusal("session_not_found", `session ${session.id} was ${why}`));
     }
-    this.options.onEvent?.(session.id, "closed", session.replica);
+    this.ledger.countSession(session.tenant, -1);
+    this.emit(session, "closed", session.replica, {});
     if (refill) this.fill();
   }
 }
@@ -1249,9 +1680,11 @@ export function tokenFootprint(session: SessionRecord): number {
   return session.tokens + session.expectedGrowthTokens;
 }
 
-/** Asks an active session to pause at its next step boundary, or withdraws the request. */
-function requestPause(session: SessionRecord, requested: boolean): void {
-  if (session.place.state === "active") session.place = { ...session.place, pauseRequested: requested };
+/** Asks an active session to pause at its next step boundary (and why), or withdraws the request. */
+function requestPause(session: SessionRecord, requested: boolean, reason?: PauseReason): void {
+  if (session.place.state !== "active") return;
+  session.place = { ...session.place, pauseRequested: requested };
+  session.pauseReason = requested ? (reason ?? "window") : null;
 }
 
 function publicState(state: SessionStatus): SessionState {

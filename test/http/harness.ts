@@ -26,6 +26,8 @@ export interface HarnessOptions {
   wrap?: (engine: Engine) => Engine;
   /** The operator's log the app writes to (silent when omitted). */
   logger?: Logger;
+  /** `--tenant-header`: the trusted gateway's tenant header. */
+  tenantHeader?: string;
 }
 
 export const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
@@ -60,6 +62,7 @@ export function makeHarness(options: HarnessOptions = {}) {
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
     ...(options.bodyLimitBytes ? { bodyLimitBytes: options.bodyLimitBytes } : {}),
     ...(options.cors ? { cors: options.cors } : {}),
+    ...(options.tenantHeader ? { tenantHeader: options.tenantHeader } : {}),
   });
 
   /** Runs virtual time (and the promise continuations it wakes) until `promise` settles. */
