@@ -465,6 +465,7 @@
     renderHeader();
     renderTable();
     renderEngineTable();
+    renderTenantTable();
   }
 
   function setChip(id, text, className) {
@@ -675,6 +676,69 @@
       }
     }
     document.getElementById("engine-table").replaceChildren(table);
+  }
+
+  /** One row per tenant: usage against entitlement, sessions by state, pauses by reason. */
+  function renderTenantTable() {
+    const tenants = latest.tenants;
+    const note = document.getElementById("tenant-fairness");
+    if (!tenants) {
+      note.textContent = "";
+      document.getElementById("tenant-table").replaceChildren();
+      return;
+    }
+    note.textContent =
+      tenants.fairness === "off"
+        ? "Fairness is off: sessions are admitted in arrival order."
+        : `Jain's index of usage ÷ entitlement: ${tenants.jainIndex.toFixed(3)}.`;
+    note.dataset.jain = String(tenants.jainIndex);
+    const table = document.createElement("table");
+    const head = document.createElement("tr");
+    for (const name of [
+      "tenant",
+      "band",
+      "weight",
+      "usage tok",
+      "entitlement tok",
+      "usage ÷ entitlement",
+      "active",
+      "idle",
+      "waiting",
+      "paused",
+      "dormant",
+      "paused: fairness",
+      "paused: priority",
+      "paused: window",
+    ]) {
+      const th = document.createElement("th");
+      th.textContent = name;
+      head.appendChild(th);
+    }
+    table.appendChild(head);
+    for (const t of tenants.list) {
+      const row = document.createElement("tr");
+      row.className = "tenant";
+      row.dataset.tenant = t.tenant;
+      cell(row, t.tenant);
+      cell(row, t.band);
+      cell(row, String(t.weight));
+      cell(row, String(Math.round(t.usageTokens)));
+      cell(row, String(Math.round(t.entitlementTokens)));
+      const share = t.entitlementTokens > 0 ? t.usageTokens / t.entitlementTokens : 0;
+      const td = document.createElement("td");
+      const meter = document.createElement("span");
+      meter.className = "meter";
+      const fill = document.createElement("span");
+      fill.style.width = `${Math.min(100, share * 100).toFixed(1)}%`;
+      if (share > 1) fill.className = "over";
+      meter.appendChild(fill);
+      td.append(meter, ` ${t.entitlementTokens > 0 ? share.toFixed(2) : "—"}`);
+      row.appendChild(td);
+      for (const k of ["active", "idle", "waiting", "paused", "dormant"]) cell(row, String(t.sessions[k]));
+      for (const k of ["fairness", "priority", "window"]) cell(row, String(t.pauses[k]));
+      table.appendChild(row);
+    }
+    document.getElementById("tenant-table").replaceChildren(table);
   }
 
   function showError(text) {

@@ -331,7 +331,7 @@ export class StateHistory {
           cause:
             e.event === "dormant"
               ? "idle past its retention time while other sessions wait"
-              : "the window shrank below the sum of footprints",
+              : pauseCause(e.reason, e.tenant),
           level: "info",
         });
       },
@@ -365,4 +365,16 @@ function laneTotals(state: AdminState, lane: Lane): { queued: number; oldestAgeM
     oldestAgeMs = Math.max(oldestAgeMs, replica.lanes[lane]?.oldestAgeMs ?? 0);
   }
   return { queued, oldestAgeMs };
+}
+
+/** Why a session was paused, in an operator's words (docs/tenants.md). */
+function pauseCause(
+  reason: "fairness" | "priority" | "window" | undefined,
+  tenant: string | undefined,
+): string {
+  const of = tenant ? ` (tenant ${tenant})` : "";
+  if (reason === "fairness")
+    return `fairness: its tenant${of} held more than its share while a tenant below its share waited`;
+  if (reason === "priority") return `priority: a session of a higher band waited for its room${of}`;
+  return "the window shrank below the sum of footprints";
 }

@@ -42,7 +42,10 @@ svg.chart text { fill: var(--muted); font-size: 11px; }
 table { border-collapse: collapse; width: 100%; font-size: 12px; }
 th, td { text-align: right; padding: 3px 8px; border-bottom: 1px solid var(--grid); white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
-#replicas, #engines { grid-column: 1 / -1; overflow-x: auto; }
+#replicas, #engines, #tenants { grid-column: 1 / -1; overflow-x: auto; }
+.meter { display: inline-block; width: 120px; height: 8px; background: var(--grid); border-radius: 4px; position: relative; vertical-align: middle; }
+.meter span { position: absolute; left: 0; top: 0; bottom: 0; border-radius: 4px; background: var(--ok); }
+.meter span.over { background: var(--warn); }
 tr.budget-off td { color: var(--warn); }
 tr.engine-warning td { color: var(--warn); white-space: normal; font-size: 0.9em; }
 `;
@@ -123,6 +126,9 @@ export function renderDashboard(options: DashboardOptions): string {
     <p class="note">Window law decisions, pauses and dormancies, overload stage and replica health changes, newest first, with their cause.</p>
     <div id="event-list"></div></section>
   <section class="panel" id="replicas"><h2>Replicas now</h2><div id="replica-table"></div></section>
+  <section class="panel" id="tenants"><h2>Tenants now</h2>
+    <p class="note">Each tenant's usage (what its active sessions hold, tokens of footprint) against its entitlement (its weighted share of the fleet's windows among tenants with demand), its sessions by state, and its sessions paused at a step boundary by why: fairness (over its share while another waited), priority (a higher band waited), window (the window shrank). <span id="tenant-fairness"></span></p>
+    <div id="tenant-table"></div></section>
   <section class="panel" id="engines"><h2>Engines behind the replicas</h2>
     <p class="note">Role in a disaggregated fleet, the engine profile read from each upstream's metrics page, where its KV capacity comes from, and the signals it does not publish (read as unknown, never as zero; an unknown capacity leaves the token budget off).</p>
     <div id="engine-table"></div></section>
