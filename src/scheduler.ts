@@ -348,7 +348,7 @@ export class Scheduler {
 
   /** Scale-out: opens a session handed over by another frontend, pinned to the replica holding its cache. */
   adoptSession(id: string, from: SessionHandover): SessionView {
-    validateSessionId(id);
+    validateSessionId(unscopeSessionId(id).key);
     const session = this.admission.adopt(id, from);
     if (from.replica !== null && this.byId.has(from.replica)) this.pinHints.set(id, from.replica);
     return this.admission.view(session);
