@@ -8,9 +8,9 @@
 /** The tenant of calls that present no API key. */
 export const DEFAULT_TENANT = "default";
 
-/** The scheduler's id of `key` sent by `tenant`. */
+/** The scheduler's id of `key` sent by `tenant` (no tenant, or an empty name, is the `default` tenant). */
 export function scopedSessionId(key: string, tenant: string | undefined): string {
-  return tenant === undefined || tenant === DEFAULT_TENANT ? key : `${tenant} ${key}`;
+  return tenant === undefined || tenant === "" || tenant === DEFAULT_TENANT ? key : `${tenant} ${key}`;
 }
 
 /** Inverse of {@link scopedSessionId}: the client's key and its tenant. */
