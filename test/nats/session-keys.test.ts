@@ -8,11 +8,21 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { connect, type Msg, type NatsConnection } from "nats";
 import { ApiKeys } from "../../adapters/http/api-keys.js";
+import { connectNatsFrontend, type NatsFrontend } from "../../adapters/nats/frontend.js";
 import { type NatsServerProcess, startNatsServer } from "../../adapters/nats/nats-server-process.js";
-import { HEADERS, SUBJECTS } from "../../adapters/nats/protocol.js";
+import { HEADERS, kvKey, SUBJECTS } from "../../adapters/nats/protocol.js";
 import { type NatsService, startNatsService } from "../../adapters/nats/service.js";
+import { SESSIONS_BUCKET } from "../../adapters/nats/session-directory.js";
 import type { Scheduler } from "../../src/scheduler.js";
-import { assertServiceError, chatBody, eventually, hdrs, json, makeScheduler } from "./nats-harness.js";
+import {
+  assertServiceError,
+  chatBody,
+  eventually,
+  fastSim,
+  hdrs,
+  json,
+  makeScheduler,
+} from "./nats-harness.js";
 
 let server: NatsServerProcess;
 let serverNc: NatsConnection;
@@ -34,17 +44,18 @@ const A = { Authorization: "Bearer sk-tenant-a-123" };
 const B = { Authorization: "Bearer sk-tenant-b-456" };
 const ADMIN = { Authorization: "Bearer sk-admin-789abc" };
 
+const apiKeys = () =>
+  new ApiKeys({
+    "sk-tenant-a-123": { tenant: "a" },
+    "sk-tenant-b-456": { tenant: "b" },
+    "sk-admin-789abc": { tenant: "ops", admin: true },
+  });
+
 function useService(withKeys: boolean) {
   const ctx = {} as { scheduler: Scheduler; service: NatsService };
   before(async () => {
     ctx.scheduler = makeScheduler().scheduler;
-    const keys = withKeys
-      ? new ApiKeys({
-          "sk-tenant-a-123": { tenant: "a" },
-          "sk-tenant-b-456": { tenant: "b" },
-          "sk-admin-789abc": { tenant: "ops", admin: true },
-        })
-      : undefined;
+    const keys = withKeys ? apiKeys() : undefined;
     ctx.service = await startNatsService({
       nc: serverNc,
       scheduler: ctx.scheduler,
@@ -194,5 +205,59 @@ describe("NATS sessions are scoped by tenant", () => {
     sub.unsubscribe();
     assert.ok(seen.every((e) => e.id === "evt-key" && e.tenant === "a"));
     await assertIdle(ctx.scheduler);
+  });
+});
+
+describe("two frontends sharing the session directory (JetStream KV)", () => {
+  const fleet: { frontend: NatsFrontend; scheduler: Scheduler }[] = [];
+  before(async () => {
+    const sim = fastSim("shared-0");
+    for (const id of ["fe-one", "fe-two"]) {
+      const frontend = await connectNatsFrontend({ servers: server.url, frontendId: id });
+      const { scheduler } = makeScheduler({
+        engines: [sim],
+        ...(frontend.windowAuthority ? { windowAuthority: frontend.windowAuthority } : {}),
+        ...(frontend.sessionDirectory ? { sessionDirectory: frontend.sessionDirectory } : {}),
+      });
+      await frontend.attach(scheduler, { keys: apiKeys() });
+      fleet.push({ frontend, scheduler });
+    }
+  });
+  after(async () => {
+    for (const { frontend, scheduler } of fleet) {
+      await frontend.close();
+      await scheduler.stop();
+    }
+  });
+
+  test("the same key from two tenants is two directory entries and two sessions, whichever frontend answers", async () => {
+    for (let step = 0; step < 3; step++) {
+      const a = await request(SUBJECTS.chat, chatBody(`a step ${step}`), {
+        ...A,
+        [HEADERS.session]: "fleet-key",
+      });
+      assert.equal(isError(a), false, a.string());
+    }
+    const b = await request(SUBJECTS.chat, chatBody("b step"), { ...B, [HEADERS.session]: "fleet-key" });
+    assert.equal(isError(b), false, b.string());
+    const steps = (tenant: string) =>
+      fleet.reduce((sum, { scheduler }) => sum + (scheduler.getSession("fleet-key", tenant)?.steps ?? 0), 0);
+    assert.equal(steps("a"), 3, "A's steps stayed in A's session");
+    assert.equal(steps("b"), 1, "B's step opened B's own");
+    assert.equal(steps("default"), 0);
+    // Asked through the queue group (either frontend), B never reaches A's session.
+    for (let i = 0; i < 4; i++) {
+      const theirs = await request(SUBJECTS.sessionsGet, { id: "fleet-key" }, B);
+      assert.equal(theirs.json<{ steps: number; tenant: string }>().tenant, "b");
+      const mine = await request(SUBJECTS.sessionsGet, { id: "fleet-key" }, A);
+      assert.equal(mine.json<{ steps: number }>().steps, 3);
+    }
+    for (const { frontend } of fleet) await frontend.sessionDirectory?.flush();
+    const kv = await client.jetstream().views.kv(SESSIONS_BUCKET);
+    assert.ok(await kv.get(kvKey("a fleet-key")), "A's entry");
+    assert.ok(await kv.get(kvKey("b fleet-key")), "B's entry");
+    assert.equal((await kv.get(kvKey("fleet-key")))?.value.length ?? 0, 0, "no unscoped entry");
+    for (const headers of [A, B]) await request(SUBJECTS.sessionsClose, { id: "fleet-key" }, headers);
+    for (const { scheduler } of fleet) await assertIdle(scheduler);
   });
 });
