@@ -45,8 +45,8 @@ import {
   type TenantView,
 } from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
+import { scopedSessionId, unscopeSessionId } from "./sessions/session-scope.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
-import { DEFAULT_TENANT } from "./tenants/tenant-ledger.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
 import type {
@@ -140,6 +140,10 @@ export class Scheduler {
   private readonly sessionDirectory: SessionDirectory | undefined;
   /** Replica a session was pinned to by another frontend, for its first step here. */
   private readonly pinHints = new Map<string, string>();
+  /** The replica of the last call with each `prompt_cache_key`, per tenant; oldest first, bounded. */
+  private readonly cacheHints = new Map<string, string>();
+  /** Sessions whose running step is their last (`finalStep`): closed when it ends. */
+  private readonly finalSteps = new WeakSet<SessionRecord>();
   /** Responses API: which replica produced each recent response (and in which session). */
   private readonly responseOrigins = new ResponseOrigins();
   private roundRobin = 0;
@@ -295,24 +299,47 @@ export class Scheduler {
     for (const replica of this.replicas) if (replica.gate) yield { worker: replica.id, gate: replica.gate };
   }
 
+  /** Opens a session of `init.tenant` (default: the `default` tenant); its view names the client's key. */
   openSession(init: OpenSessionInit = {}): SessionView {
-    const id = init.id ?? this.newSessionId();
-    validateSessionId(id);
-    const session = this.admission.open(id, {
+    const key = init.id ?? this.newSessionId();
+    validateSessionId(key);
+    const session = this.admission.open(scopedSessionId(key, init.tenant), {
       ...(init.tenant ? { tenant: init.tenant } : {}),
       ...(init.lane ? { lane: init.lane } : {}),
       ...(init.metadata ? { metadata: init.metadata } : {}),
     });
-    return this.admission.view(session);
+    return this.viewOf(session);
   }
 
-  getSession(id: string): SessionView | undefined {
-    const session = this.admission.get(id);
-    return session ? this.admission.view(session) : undefined;
+  /**
+   * The session `id` names for `tenant`. Without a tenant, `id` is the scheduler's own scoped id
+   * (the key itself for the `default` tenant; the session directory and the event listeners use these).
+   */
+  getSession(id: string, tenant?: string): SessionView | undefined {
+    const session = this.admission.get(scopedSessionId(id, tenant));
+    return session ? this.viewOf(session) : undefined;
   }
 
-  closeSession(id: string): boolean {
-    return this.admission.close(id);
+  /** Closes the session `id` names for `tenant` (see `getSession`); false when there is none. */
+  closeSession(id: string, tenant?: string): boolean {
+    return this.admission.close(scopedSessionId(id, tenant));
+  }
+
+  /** The tenants holding an open or recently closed session under `key` (an admin looking one up). */
+  tenantsOfSession(key: string): string[] {
+    const tenants: string[] = [];
+    for (const id of this.admission.ids()) {
+      const scoped = unscopeSessionId(id);
+      if (scoped.key === key) tenants.push(scoped.tenant);
+    }
+    return tenants;
+  }
+
+  /** A session's view under the client's key, with its tenant. */
+  private viewOf(session: SessionRecord): SessionView {
+    const view = this.admission.view(session);
+    const { key, tenant } = unscopeSessionId(session.id);
+    return { ...view, id: key, tenant };
   }
 
   /**
@@ -330,7 +357,7 @@ export class Scheduler {
 
   /** Scale-out: opens a session handed over by another frontend, pinned to the replica holding its cache. */
   adoptSession(id: string, from: SessionHandover): SessionView {
-    validateSessionId(id);
+    validateSessionId(unscopeSessionId(id).key);
     const session = this.admission.adopt(id, from);
     if (from.replica !== null && this.byId.has(from.replica)) this.pinHints.set(id, from.replica);
     return this.admission.view(session);
@@ -399,10 +426,14 @@ export class Scheduler {
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
       // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
-      const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
-      // An empty tenant (a job of an unkeyed caller) is the default tenant.
-      const session =
-        sessionId === undefined ? undefined : await this.sessionFor(sessionId, req.tenant || undefined);
+      const sessionId =
+        req.sessionId !== undefined
+          ? scopedSessionId(req.sessionId, req.tenant)
+          : origin?.tenant === req.tenant
+            ? origin?.sessionId
+            : undefined;
+      const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId, req);
+      if (session && req.finalStep) this.finalSteps.add(session);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
       const { tokens, complete } = this.tokenize(req.input, contextWindow);
@@ -455,7 +486,13 @@ export class Scheduler {
       });
     } catch (error) {
       // A hint from another frontend is for this session's first admission only.
-      if (req.sessionId !== undefined) this.pinHints.delete(req.sessionId);
+      if (req.sessionId !== undefined) {
+        const id = scopedSessionId(req.sessionId, req.tenant);
+        this.pinHints.delete(id);
+        // A last step refused did not run: the session stays open for the client's retry.
+        const open = this.admission.get(id);
+        if (open) this.finalSteps.delete(open);
+      }
       if (error instanceof Refusal) {
         const refusal = error.lane || !lane ? error : error.with({ lane });
         this.rejections[refusal.reason] = (this.rejections[refusal.reason] ?? 0) + 1;
@@ -487,6 +524,7 @@ export class Scheduler {
       const decision = await this.admitAndRoute(req, call, hashes, holds);
       const replica = this.byId.get(decision.replica)!;
       holds.replica = replica;
+      if (req.cacheHint !== undefined) this.rememberCacheHint(req, replica.id);
       this.emit("route", {
         replica: replica.id,
         reason: decision.reason,
@@ -539,7 +577,7 @@ export class Scheduler {
       promptBlocks: hashes,
     };
     if (!session || this.features.window === null) {
-      const placed = this.route(call, hashes, eligible);
+      const placed = this.route(call, hashes, eligible, session ? undefined : this.placementHintOf(req));
       if (!placed)
         throw new Refusal("unavailable", "no replica can take the call", {
           retryAfterSeconds: 1,
@@ -757,7 +795,7 @@ export class Scheduler {
       queueMs,
       inputTokens: tokens.length,
       maxTokens,
-      sessionId: session?.id,
+      sessionId: session ? unscopeSessionId(session.id).key : undefined,
       stream,
       abort,
       holdings,
@@ -821,6 +859,10 @@ export class Scheduler {
             completed: outcome === "ok",
             contextTokens: held.tokens.length + generated,
           });
+          if (this.finalSteps.has(session)) {
+            this.finalSteps.delete(session);
+            this.admission.close(session.id);
+          }
         }
         if (firstTokenAt !== undefined && generated >= 2) {
           const meanGapMs = (endedAt - firstTokenAt) / (generated - 1);
@@ -832,10 +874,19 @@ export class Scheduler {
   }
 
   /** Placement for policies without a session window: round robin, least loaded, or prefix-aware. */
-  private route(call: CallPlan, hashes: string[], eligible: ReplicaRuntime[]): PlacementDecision | undefined {
+  private route(
+    call: CallPlan,
+    hashes: string[],
+    eligible: ReplicaRuntime[],
+    hint?: string,
+  ): PlacementDecision | undefined {
     const now = this.clock.now();
     const notBusy = eligible.filter((replica) => !replica.busy(now));
     const pool = notBusy.length > 0 ? notBusy : eligible;
+    // A one-off call's hint (its `prompt_cache_key`) is held as a pin is: kept unless its replica is saturated.
+    if (hint !== undefined && pool.some((replica) => replica.id === hint)) {
+      return this.place(call, hashes, hint, pool);
+    }
     if (this.features.placement === "round-robin") {
       const replica = pool[this.roundRobin++ % pool.length]!;
       return { replica: replica.id, reason: "load", predictedHitTokens: 0, predictedTtftMs: 0 };
@@ -991,28 +1042,27 @@ export class Scheduler {
     return model;
   }
 
-  private async sessionFor(id: string, tenant: string | undefined): Promise<SessionRecord> {
-    validateSessionId(id);
+  /**
+   * The session a call's scoped id names, opened when new. A new session's first placement may
+   * follow a hint: the replica another frontend pinned it to, else its parent's replica (a child
+   * session of the same tenant), else the replica the last call with its `prompt_cache_key` used.
+   */
+  private async sessionFor(id: string, req: CallRequest): Promise<SessionRecord> {
+    validateSessionId(unscopeSessionId(id).key);
     const existing = this.admission.get(id);
-    if (existing && existing.state !== "closed") return this.ownedBy(existing, tenant);
+    if (existing && existing.state !== "closed") return existing;
     if (this.sessionDirectory && !existing) {
       const known = await this.sessionDirectory.lookup(id).catch(() => undefined);
       if (known?.replica && this.byId.has(known.replica)) this.pinHints.set(id, known.replica);
       const raced = this.admission.get(id);
-      if (raced && raced.state !== "closed") return this.ownedBy(raced, tenant);
+      if (raced && raced.state !== "closed") return raced;
     }
-    return this.admission.open(id, tenant !== undefined ? { tenant } : {});
-  }
-
-  /**
-   * A step runs in its session's tenant and band: a call of another tenant naming the session's
-   * key never reaches it (so no client borrows another tenant's band or share by its key).
-   */
-  private ownedBy(session: SessionRecord, tenant: string | undefined): SessionRecord {
-    if (session.tenant !== (tenant ?? DEFAULT_TENANT)) {
-      throw new Refusal("session_not_found", `no session ${JSON.stringify(session.id)} of this tenant`);
+    if (!this.pinHints.has(id)) {
+      const near = this.placementHintOf(req);
+      if (near !== undefined) this.pinHints.set(id, near);
     }
-    return session;
+    // An empty tenant (a job of an unkeyed caller) is the default tenant.
+    return this.admission.open(id, req.tenant ? { tenant: req.tenant } : {});
   }
 
   private tenantsState(): NonNullable<AdminState["tenants"]> {
@@ -1023,6 +1073,30 @@ export class Scheduler {
   /** Tenants sharing the windows: usage, entitlement, sessions and pauses of each, and Jain's index (docs/tenants.md). */
   tenants(): { tenants: TenantView[]; jainIndex: number } {
     return this.admission.tenants();
+  }
+
+  /** Remembers where a call with a `prompt_cache_key` went, for the next call with it. */
+  private rememberCacheHint(req: CallRequest, replica: string): void {
+    const key = cacheHintKey(req);
+    this.cacheHints.delete(key);
+    this.cacheHints.set(key, replica);
+    if (this.cacheHints.size > MAX_CACHE_HINTS) {
+      const oldest = this.cacheHints.keys().next().value;
+      if (oldest !== undefined) this.cacheHints.delete(oldest);
+    }
+  }
+
+  /** Where a call with no pin of its own would like to go: its parent's replica, else its cache key's. */
+  private placementHintOf(req: CallRequest): string | undefined {
+    if (req.parentSessionId !== undefined) {
+      const parent = this.admission.get(scopedSessionId(req.parentSessionId, req.tenant));
+      if (parent?.replica && this.byId.has(parent.replica)) return parent.replica;
+    }
+    if (req.cacheHint !== undefined) {
+      const replica = this.cacheHints.get(cacheHintKey(req));
+      if (replica !== undefined && this.byId.has(replica)) return replica;
+    }
+    return undefined;
   }
 
   /** The prompt's tokens; past `limitTokens` it may stop early (`complete` false), the prompt being refused anyway. */
@@ -1292,6 +1366,14 @@ function budgetRetryAfter(replica: ReplicaRuntime, needed: number): number {
 function load(replica: ReplicaRuntime): number {
   const snapshot = replica.gate?.snapshot();
   return snapshot ? snapshot.requests + snapshot.queued : replica.running;
+}
+
+/** `prompt_cache_key`s remembered (their last replica), across tenants. */
+const MAX_CACHE_HINTS = 4096;
+
+/** A cache hint's entry: one tenant's hint never steers another tenant's calls. */
+function cacheHintKey(req: CallRequest): string {
+  return JSON.stringify([req.tenant ?? "default", req.cacheHint]);
 }
 
 /** Session ids are opaque but bounded: printable ASCII, 1–256 characters (`src/sessions/session-id.ts`). */

@@ -35,8 +35,17 @@ export interface CallRequest {
   stream: boolean;
   /** The client's OpenAI body, forwarded to HTTP engines. */
   body?: Record<string, unknown>;
-  /** Session key (from a session header or the sessions API); opens a session implicitly when new. */
+  /**
+   * Session key (from a session header, the body or the sessions API), scoped by `tenant`: two
+   * tenants' equal keys are two sessions. Opens a session implicitly when new.
+   */
   sessionId?: string;
+  /** The key of this session's parent (same tenant): a new child is placed on its parent's replica when it may take it. */
+  parentSessionId?: string;
+  /** This step is the session's last (`x-dynamo-session-final: true`): the session closes when it ends. */
+  finalStep?: boolean;
+  /** The client's `prompt_cache_key`: a placement hint (calls with the same one go together), never a session key. */
+  cacheHint?: string;
   /**
    * Responses API: the response this call continues. Its state lives on the replica that
    * produced it, so the call goes there (and into that call's session when it names none).
@@ -86,6 +95,7 @@ export type SessionPhase = "waiting" | "active" | "idle" | "dormant" | "paused" 
 
 /** A session as the API shows it (SPEC 8). */
 export interface SessionView {
+  /** The client's key. */
   id: string;
   state: SessionState;
   replica: string | null;

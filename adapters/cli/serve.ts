@@ -56,6 +56,8 @@ export type StartNatsService = (options: {
   log: (line: string) => void;
   /** The frontend `connectNatsScaleOut` connected before the scheduler was built (opaque here). */
   frontend?: unknown;
+  /** The API keys HTTP checks; NATS requests then carry one too. */
+  keys?: ApiKeys;
 }) => Promise<NatsService>;
 
 /** Options of `startServer`; every field has a default. */
@@ -238,6 +240,7 @@ interface NatsScaleOut {
     wrapFetch?<F extends (request: Request) => Response | Promise<Response>>(
       fetch: F,
       scheduler: Scheduler,
+      tenantOf?: (request: Request) => string | undefined,
     ): F;
   };
   schedulerPorts: Pick<SchedulerOptions, "windowAuthority" | "sessionDirectory">;
@@ -368,7 +371,17 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
   scheduler.start();
   await jobs.start();
 
-  const fetch = natsScaleOut?.frontend.wrapFetch?.(app.fetch, scheduler) ?? app.fetch;
+  const keys = options.keys;
+  // Sessions are their tenant's across frontends too: the fleet's session routing scopes keys by the caller's key.
+  const tenantOf =
+    keys && keys.size > 0
+      ? (request: Request) => {
+          const bearer = /^Bearer\s+(.+)$/i.exec(request.headers.get("authorization")?.trim() ?? "")?.[1];
+          const presented = bearer?.trim() || request.headers.get("x-api-key")?.trim();
+          return presented ? keys.lookup(presented)?.tenant : undefined;
+        }
+      : undefined;
+  const fetch = natsScaleOut?.frontend.wrapFetch?.(app.fetch, scheduler, tenantOf) ?? app.fetch;
   const server = serveHono({ fetch, port, hostname: host });
   answerClientErrors(server);
   try {
@@ -400,6 +413,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
         metrics,
         log,
         ...(natsScaleOut ? { frontend: natsScaleOut.frontend } : {}),
+        ...(options.keys ? { keys: options.keys } : {}),
       });
     } catch (err) {
       server.close();

@@ -11,7 +11,8 @@ import { followAbort } from "../../src/abort.js";
 import { type Clock, realClock } from "../../src/clock.js";
 import type { CallEndpoint } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
-import { checkSessionId } from "../../src/sessions/session-id.js";
+import { isSessionId } from "../../src/sessions/session-id.js";
+import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
 import type { AdmittedCall, CallInput, CallRequest, OpenSessionInit } from "../../src/types.js";
 import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
@@ -19,13 +20,7 @@ import type { JobsEnv, JobsMount } from "../jobs/index.js";
 import { type Logger, silentLogger } from "../log/logger.js";
 import { AccessLog, operatorEventLog } from "../log/operations-log.js";
 import { type CompletedCall, createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
-import {
-  declaredLaneOf,
-  expectedIdleMsOf,
-  positiveMsOf,
-  SESSION_HEADERS,
-  sessionHeaderOf,
-} from "../openai-api/call-headers.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
 import { chatInput, completionInput } from "../openai-api/call-input.js";
 import { collectCall, collectRaw, sseStream } from "../openai-api/call-response.js";
 import type { ResponseContext } from "../openai-api/openai-format.js";
@@ -40,6 +35,7 @@ import {
   parseBody,
   responsesBodySchema,
 } from "../openai-api/schemas.js";
+import { readSessionKey, SESSION_REQUEST_HEADERS, type SessionKeySource } from "../openai-api/session-key.js";
 import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
 import { CallTracker } from "./call-tracker.js";
 import { lingerThenClose } from "./linger.js";
@@ -102,6 +98,8 @@ interface RequestFacts {
   replica?: string;
   lane?: string;
   session?: string;
+  /** The caller's tenant (its API key's; `default` without one): the session above is that tenant's. */
+  tenant?: string;
   rate?: RateStanding;
 }
 
@@ -148,11 +146,6 @@ function routePattern(path: string): RegExp {
     .map((part) => (part.startsWith(":") ? "[^/]+" : part.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")))
     .join("/");
   return new RegExp(`^${escaped}/?$`);
-}
-
-function sessionKeyOf(c: Context<Env>): string | undefined {
-  const named = sessionHeaderOf((name) => c.req.header(name));
-  return named ? checkSessionId(named.value, named.name) : undefined;
 }
 
 /** What the HTTP layer reads from a validated body of each endpoint. */
@@ -221,8 +214,8 @@ export function createApp(options: AppOptions): SluiceApp {
   const adminLocked = keysOn || adminKey !== undefined;
   const clock = options.clock ?? realClock;
   const tenantHeader = options.tenantHeader?.toLowerCase();
-  /** The caller's tenant: the trusted gateway's header when configured and sent, else the key's; undefined: `default`. */
-  const tenantOf = (c: Context<Env>): string | undefined => {
+  /** The caller's tenant: the trusted gateway's header when configured and sent, else the key's, else `default`. */
+  const tenantOf = (c: Context<Env>): string => {
     if (tenantHeader !== undefined) {
       const named = c.req.header(tenantHeader)?.trim();
       if (named) {
@@ -235,11 +228,8 @@ export function createApp(options: AppOptions): SluiceApp {
         return named;
       }
     }
-    return c.get("identity")?.tenant;
+    return c.get("identity")?.tenant ?? DEFAULT_TENANT;
   };
-  /** Whether the caller may see a session of `tenant`: its own, or any with an admin key. */
-  const mayReach = (c: Context<Env>, tenant: string | undefined): boolean =>
-    c.get("identity")?.admin === true || (tenant || "default") === (tenantOf(c) || "default");
   const logger = options.logger ?? silentLogger();
   const accessLog = new AccessLog(logger, { clock });
   const history = options.history ?? new StateHistory({ scheduler, clock });
@@ -286,7 +276,9 @@ export function createApp(options: AppOptions): SluiceApp {
     // Routed calls know their replica; a session step refused while it waited for its window knows its pin.
     const replica =
       facts?.replica ??
-      (facts?.session ? (scheduler.getSession(facts.session)?.replica ?? undefined) : undefined);
+      (facts?.session
+        ? (scheduler.getSession(facts.session, facts.tenant)?.replica ?? undefined)
+        : undefined);
     const advice = adviseRefusal(refusal, {
       replica,
       queueMs: facts?.submittedAt !== undefined ? clock.now() - facts.submittedAt : undefined,
@@ -404,7 +396,7 @@ export function createApp(options: AppOptions): SluiceApp {
           // RFC 7240 and the Idempotency-Key draft: asynchronous calls and safe retries from a browser too.
           "prefer",
           "idempotency-key",
-          ...SESSION_HEADERS,
+          ...SESSION_REQUEST_HEADERS,
         ],
         exposeHeaders: [
           "x-request-id",
@@ -412,6 +404,8 @@ export function createApp(options: AppOptions): SluiceApp {
           "x-sluice-replica",
           "x-sluice-queue-ms",
           "x-sluice-tenant",
+          "x-sluice-session",
+          "x-sluice-session-source",
           "retry-after",
           "x-should-retry",
           "x-ratelimit-limit-requests",
@@ -550,12 +544,10 @@ export function createApp(options: AppOptions): SluiceApp {
   app.post("/v1/sessions", requireKey, async (c) => {
     const text = await readJsonBodyOrEmpty(c.req.raw, bodyLimit);
     const body = parseBody(openSessionBodySchema, text);
-    const init: OpenSessionInit = {};
+    const init: OpenSessionInit = { tenant: tenantOf(c) };
     if (body.id !== undefined) init.id = body.id;
     if (body.lane !== undefined) init.lane = body.lane;
     if (body.metadata !== undefined) init.metadata = body.metadata;
-    const tenant = tenantOf(c);
-    if (tenant !== undefined) init.tenant = tenant;
     const view = scheduler.openSession(init);
     return c.json({ id: view.id, state: view.state }, 201);
   });
@@ -567,17 +559,34 @@ export function createApp(options: AppOptions): SluiceApp {
       `no session ${JSON.stringify(id.length > 256 ? `${id.slice(0, 256)}…` : id)}`,
     );
 
+  /**
+   * The tenant whose session `id` a `GET` or `DELETE` names: the caller's own. An admin key also
+   * reaches another tenant's (`?tenant=NAME`, else the one tenant holding that key); anyone else
+   * asking for another tenant's key gets the 404 of a key their own tenant does not hold.
+   */
+  const sessionTenantOf = (c: Context<Env>, id: string): string | undefined => {
+    if (!isSessionId(id)) return undefined;
+    const own = tenantOf(c);
+    if (c.get("identity")?.admin !== true) return own;
+    const asked = c.req.query("tenant");
+    if (asked !== undefined) return asked;
+    if (scheduler.getSession(id, own)) return own;
+    const holders = scheduler.tenantsOfSession(id);
+    return holders.length === 1 ? holders[0] : own;
+  };
+
   app.get("/v1/sessions/:id", requireKey, (c) => {
     const id = c.req.param("id") ?? "";
-    const view = scheduler.getSession(id);
-    if (!view || !mayReach(c, view.tenant)) throw unknownSession(id);
-    return c.json(view, 200, { "x-sluice-tenant": view.tenant ?? "default" });
+    const tenant = sessionTenantOf(c, id);
+    const view = tenant === undefined ? undefined : scheduler.getSession(id, tenant);
+    if (!view) throw unknownSession(id);
+    return c.json(view, 200, { "x-sluice-tenant": view.tenant ?? DEFAULT_TENANT });
   });
 
   app.delete("/v1/sessions/:id", requireKey, (c) => {
     const id = c.req.param("id") ?? "";
-    const view = scheduler.getSession(id);
-    if (!view || !mayReach(c, view.tenant) || !scheduler.closeSession(id)) throw unknownSession(id);
+    const tenant = sessionTenantOf(c, id);
+    if (tenant === undefined || !scheduler.closeSession(id, tenant)) throw unknownSession(id);
     return c.body(null, 204);
   });
 
@@ -598,20 +607,25 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-expected-idle-ms",
       c.req.header("x-sluice-expected-idle-ms"),
     );
-    let sessionId = pathSession;
-    if (sessionId !== undefined) {
-      const view = scheduler.getSession(sessionId);
-      if (!view || view.state === "closed" || !mayReach(c, view.tenant)) throw unknownSession(sessionId);
-    } else {
-      sessionId = sessionKeyOf(c);
+    const identity = c.get("identity");
+    const tenant = tenantOf(c);
+    if (pathSession !== undefined) {
+      const view = isSessionId(pathSession) ? scheduler.getSession(pathSession, tenant) : undefined;
+      if (!view || view.state === "closed") throw unknownSession(pathSession);
     }
 
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const shape = callBodyOf(endpoint, json);
     const { body, maxTokens, stream } = shape;
-    // A Responses API `conversation` is a session key, after the headers.
-    sessionId ??= shape.conversation;
-    const identity = c.get("identity");
+    // Headers first, then the body's `metadata.session_id`, then a Responses API `conversation`.
+    const named = readSessionKey((name) => c.req.header(name), {
+      body,
+      ...(shape.conversation !== undefined
+        ? { fallback: { from: "conversation", key: shape.conversation } }
+        : {}),
+    });
+    const sessionId = pathSession ?? named.key;
+    const sessionSource: SessionKeySource = pathSession !== undefined ? "header" : named.source;
 
     const end = tracker.begin();
     // Over a real socket a call ends for the tracker only when its response has left (a shutdown that
@@ -640,14 +654,17 @@ export function createApp(options: AppOptions): SluiceApp {
     if (shape.previousResponseId !== undefined) req.previousResponseId = shape.previousResponseId;
     if (maxTokens !== undefined) req.maxTokens = maxTokens;
     if (sessionId !== undefined) req.sessionId = sessionId;
+    if (named.parent !== undefined) req.parentSessionId = named.parent;
+    if (named.final) req.finalStep = true;
+    if (named.cacheHint !== undefined) req.cacheHint = named.cacheHint;
     if (declaredLane !== undefined) req.declaredLane = declaredLane;
     if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
     if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
     if (identity) req.priority = identity.priority;
-    const tenant = tenantOf(c);
-    if (tenant !== undefined) req.tenant = tenant;
+    req.tenant = tenant;
 
     const facts = c.get("facts");
+    facts.tenant = tenant;
     if (sessionId !== undefined) facts.session = sessionId;
     facts.submittedAt = clock.now();
     let call: AdmittedCall;
@@ -708,8 +725,11 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-lane": call.lane,
       "x-sluice-replica": call.replica,
       "x-sluice-queue-ms": String(Math.round(call.queueMs)),
-      "x-sluice-tenant": tenant ?? "default",
+      "x-sluice-tenant": tenant,
+      // The session the call was counted in and where its key came from (`docs/clients.md`).
+      "x-sluice-session-source": sessionId !== undefined ? sessionSource : "none",
     };
+    if (sessionId !== undefined) headers["x-sluice-session"] = sessionId;
 
     if (stream) {
       const sse = sseStream({

@@ -15,8 +15,11 @@ export interface HttpScheduler extends MetricsScheduler {
   readonly config: { window: { kvLow: number; kvHigh: number; hitLow: number } };
   submit(req: CallRequest): Promise<AdmittedCall>;
   openSession(init: OpenSessionInit): SessionView;
-  getSession(id: string): SessionView | undefined;
-  closeSession(id: string): boolean;
+  /** The session `id` (a client's key) names for `tenant`; sessions are scoped by tenant. */
+  getSession(id: string, tenant?: string): SessionView | undefined;
+  closeSession(id: string, tenant?: string): boolean;
+  /** The tenants holding a session under `key` (an admin key reads any tenant's). */
+  tenantsOfSession(key: string): string[];
   models(): string[];
   contextWindow(model?: string): number;
   state(): AdminState;

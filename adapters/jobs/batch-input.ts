@@ -1,7 +1,8 @@
 /** @module A batch's input file: OpenAI's JSONL request lines, checked line by line before anything runs. */
 
-import { SESSION_HEADERS } from "../openai-api/call-headers.js";
-import { sessionKeyOfHeaders } from "./call-executor.js";
+import { toRefusal } from "../../src/errors.js";
+import { SESSION_REQUEST_HEADERS } from "../openai-api/session-key.js";
+import { sessionOfCall } from "./call-executor.js";
 import type { BatchValidationError, JobEndpoint, StoredCall } from "./types.js";
 
 /** One request of a batch, ready to run. */
@@ -93,7 +94,7 @@ export function parseBatchInput(
     // A session may also be named inside the body under a session header's name; it is not forwarded.
     const forwarded = { ...(body as Record<string, unknown>) };
     const inBody: Record<string, unknown> = {};
-    for (const name of SESSION_HEADERS) {
+    for (const name of SESSION_REQUEST_HEADERS) {
       if (name in forwarded) {
         inBody[name] = forwarded[name];
         delete forwarded[name];
@@ -104,9 +105,13 @@ export function parseBatchInput(
       body: forwarded,
       declaredLane: "bulk",
     };
-    const sessionId =
-      sessionKeyOfHeaders(headers as Record<string, unknown> | undefined) ?? sessionKeyOfHeaders(inBody);
-    if (sessionId !== undefined) call.sessionId = sessionId;
+    try {
+      Object.assign(call, sessionOfCall(headers as Record<string, unknown> | undefined, forwarded, inBody));
+    } catch (err) {
+      const refusal = toRefusal(err);
+      fail(lineNo, refusal.reason, `line ${lineNo}: ${refusal.message}`, refusal.param ?? null);
+      continue;
+    }
     lines.push({ customId, call });
   }
   if (lines.length === 0 && errors.length === 0) {

@@ -1,10 +1,8 @@
 /** @module Runs one stored call through the scheduler, the path an HTTP call takes, and says whether it answered or must wait. */
 
 import { type Refusal, renderRefusal, tellsToComeBackLater, toRefusal } from "../../src/errors.js";
-import { isSessionId } from "../../src/sessions/session-id.js";
 import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
 import type { HttpScheduler } from "../http/scheduler-port.js";
-import { sessionHeaderOf } from "../openai-api/call-headers.js";
 import { chatInput, completionInput } from "../openai-api/call-input.js";
 import { collectCall } from "../openai-api/call-response.js";
 import {
@@ -15,6 +13,7 @@ import {
   completionBodySchema,
   parseBody,
 } from "../openai-api/schemas.js";
+import { readSessionKey } from "../openai-api/session-key.js";
 import type { StoredCall } from "./types.js";
 
 /** What a run of a call came to. */
@@ -48,13 +47,32 @@ export function checkCallBody(scheduler: HttpScheduler, call: StoredCall): void 
   checkServedModel(scheduler.models(), body.model);
 }
 
-/** The session key a batch line names in its `headers` object (the same headers, in the same order, as HTTP). */
-export function sessionKeyOfHeaders(headers: Record<string, unknown> | undefined): string | undefined {
-  if (!headers) return undefined;
-  const lower = new Map<string, unknown>();
-  for (const [name, value] of Object.entries(headers)) lower.set(name.toLowerCase(), value);
-  const key = sessionHeaderOf((name) => lower.get(name))?.value;
-  return isSessionId(key) ? key : undefined;
+/**
+ * The session a stored call names, read as HTTP reads it (`docs/clients.md`): its `headers` (any
+ * case; the same names in the same order), then `alsoHeaders` (a batch line's session headers
+ * written inside its body), then the body's `metadata.session_id`. An odd key throws the 400 the
+ * HTTP route would, naming the header.
+ */
+export function sessionOfCall(
+  headers: Record<string, unknown> | undefined,
+  body: Record<string, unknown>,
+  alsoHeaders?: Record<string, unknown>,
+): Pick<StoredCall, "sessionId" | "parentSessionId" | "finalStep"> {
+  const readerOf = (source: Record<string, unknown> | undefined) => {
+    const lower = new Map<string, string>();
+    for (const [name, value] of Object.entries(source ?? {})) {
+      // A value that is not a string is present and odd: refused as a key would be, not skipped.
+      lower.set(name.toLowerCase(), typeof value === "string" ? value : "");
+    }
+    return (name: string) => lower.get(name);
+  };
+  let named = readSessionKey(readerOf(headers));
+  if (named.key === undefined) named = readSessionKey(readerOf(alsoHeaders), { body });
+  const session: Pick<StoredCall, "sessionId" | "parentSessionId" | "finalStep"> = {};
+  if (named.key !== undefined) session.sessionId = named.key;
+  if (named.parent !== undefined) session.parentSessionId = named.parent;
+  if (named.final) session.finalStep = true;
+  return session;
 }
 
 function answered(status: number, requestId: string, body: unknown, headers: Record<string, string> = {}) {
@@ -104,6 +122,11 @@ export async function executeCall(
   if (body.model !== undefined) req.model = body.model;
   if (maxTokens !== undefined) req.maxTokens = maxTokens;
   if (call.sessionId !== undefined) req.sessionId = call.sessionId;
+  if (call.parentSessionId !== undefined) req.parentSessionId = call.parentSessionId;
+  if (call.finalStep) req.finalStep = true;
+  const cacheHint = (body as { prompt_cache_key?: unknown }).prompt_cache_key;
+  if (typeof cacheHint === "string" && cacheHint !== "" && cacheHint.length <= 1024)
+    req.cacheHint = cacheHint;
   const lane = options.lane ?? call.declaredLane;
   if (lane !== undefined) req.declaredLane = lane;
   if (call.deadlineMs !== undefined) req.deadlineMs = call.deadlineMs;

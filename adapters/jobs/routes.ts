@@ -6,7 +6,7 @@ import type { ApiKeyIdentity } from "../http/api-keys.js";
 import { readJsonBody } from "../http/read-body.js";
 import type { HttpScheduler } from "../http/scheduler-port.js";
 import { declaredLaneOf, positiveMsOf } from "../openai-api/call-headers.js";
-import { checkCallBody, sessionKeyOfHeaders } from "./call-executor.js";
+import { checkCallBody, sessionOfCall } from "./call-executor.js";
 import { readBodyBytes } from "./idempotency.js";
 import type { JobStore } from "./job-store.js";
 import { prefersAsync } from "./prefer.js";
@@ -320,8 +320,7 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     c.req.raw.headers.forEach((value, name) => {
       headers[name] = value;
     });
-    const sessionId = sessionKeyOfHeaders(headers);
-    if (sessionId !== undefined) call.sessionId = sessionId;
+    Object.assign(call, sessionOfCall(headers, body));
     if (declaredLane !== undefined) call.declaredLane = declaredLane;
     if (deadlineMs !== undefined) call.deadlineMs = deadlineMs;
     checkCallBody(scheduler, call);

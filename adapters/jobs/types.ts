@@ -96,6 +96,10 @@ export interface StoredCall {
   endpoint: "chat" | "completions";
   body: Record<string, unknown>;
   sessionId?: string;
+  /** The parent session's key (same tenant), a placement hint for a new child session. */
+  parentSessionId?: string;
+  /** The session closes when this call ends (`x-dynamo-session-final: true`). */
+  finalStep?: boolean;
   declaredLane?: Lane;
   deadlineMs?: number;
 }

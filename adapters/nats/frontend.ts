@@ -52,7 +52,7 @@ export interface NatsFrontendOptions {
   /** NATS service settings (call timeout, probe interval, body limit). */
   service?: Pick<
     NatsServiceOptions,
-    "callTimeoutMs" | "probeIntervalMs" | "bodyLimitBytes" | "version" | "onRefusal"
+    "callTimeoutMs" | "probeIntervalMs" | "bodyLimitBytes" | "version" | "onRefusal" | "keys"
   >;
   /** Receives one line per notable event (connection lost, fallback to local windows). */
   log?: (line: string) => void;
@@ -83,6 +83,8 @@ export interface NatsFrontend {
   wrapFetch<F extends (request: Request, ...rest: never[]) => Response | Promise<Response>>(
     fetch: F,
     scheduler: FleetSessionScheduler,
+    /** The tenant of a request (its API key's); sessions are scoped by it. */
+    tenantOf?: (request: Request) => string | undefined,
   ): F;
   /**
    * Graceful stop of the NATS calls: leaves the queue group now (new calls go
@@ -210,10 +212,11 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
       });
       return service;
     },
-    wrapFetch(fetch, scheduler) {
+    wrapFetch(fetch, scheduler, tenantOf) {
       if (!sessionDirectory) return fetch;
       return fleetSessionsFetch(fetch, {
         scheduler,
+        ...(tenantOf ? { tenantOf } : {}),
         directory: sessionDirectory,
         nc,
         // The moved step claims its place now rather than at the next control tick: once it waits

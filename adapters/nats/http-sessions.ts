@@ -9,9 +9,12 @@
  */
 
 import type { NatsConnection } from "nats";
+import { headers as natsHeaders } from "nats";
 import { Refusal, renderRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
-import { sessionHeaderOf } from "../openai-api/call-headers.js";
+import { scopedSessionId } from "../../src/sessions/session-scope.js";
+import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
+import { readSessionKey } from "../openai-api/session-key.js";
 import { frontendSubject, HEADERS } from "./protocol.js";
 import type { Handover, KvSessionDirectory, TakeoverAnswer } from "./session-directory.js";
 
@@ -36,6 +39,11 @@ export interface FleetSessionsOptions {
   forwardTimeoutMs?: number;
   /** A session was taken over and its step is about to wait for a window place here. */
   onAdopted?: () => void;
+  /**
+   * The tenant of a request (its API key's; undefined for none or an unknown key, which the app
+   * refuses). Sessions are their tenant's: the directory knows them by their tenant-scoped id.
+   */
+  tenantOf?: (request: Request) => string | undefined;
 }
 
 type Fetch = (request: Request, ...rest: never[]) => Response | Promise<Response>;
@@ -58,8 +66,11 @@ function stepSessionOf(request: Request, path: string): string | undefined {
   if (inPath) return decodeSegment(inPath[1]!);
   if (!STEP_PATHS.has(path)) return undefined;
   // An invalid key is left to the app, which refuses it naming the header.
-  const key = sessionHeaderOf((name) => request.headers.get(name) ?? undefined)?.value;
-  return isSessionId(key) ? key : undefined;
+  try {
+    return readSessionKey((name) => request.headers.get(name) ?? undefined).key;
+  } catch {
+    return undefined;
+  }
 }
 
 /** The `id` a `POST /v1/sessions` body asks for (small bodies only; the app validates it). */
@@ -134,16 +145,24 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
   };
 
   /** `GET`/`DELETE` a session held by another frontend: its holder answers; a holder gone leaves the record. */
-  const forward = async (method: "GET" | "DELETE", id: string): Promise<Response | undefined> => {
-    const record = await directory.read(id);
+  const forward = async (
+    method: "GET" | "DELETE",
+    id: string,
+    tenant: string | undefined,
+  ): Promise<Response | undefined> => {
+    const scoped = scopedSessionId(id, tenant);
+    const record = await directory.read(scoped);
     if (!record || record.frontend === directory.frontendId) return undefined;
     const kind = method === "GET" ? "sessions.get" : "sessions.close";
     try {
+      const hdrs = natsHeaders();
+      hdrs.set(HEADERS.tenant, tenant ?? DEFAULT_TENANT);
       const reply = await nc.request(
         frontendSubject(record.frontend, kind),
         encoder.encode(JSON.stringify({ id })),
         {
           timeout: forwardTimeoutMs,
+          headers: hdrs,
         },
       );
       const status = reply.headers?.get(HEADERS.serviceErrorCode);
@@ -162,7 +181,7 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
       // The holder is gone: the record is all that is left of the session.
       if (record.state === "closed" && method === "DELETE") return undefined;
       if (method === "DELETE") {
-        directory.record(id, "closed", record.replica, {
+        directory.record(scoped, "closed", record.replica, {
           steps: record.steps ?? 0,
           tokens: record.tokens ?? 0,
         });
@@ -182,7 +201,9 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
   const wrapped = async (request: Request, ...rest: never[]): Promise<Response> => {
     const path = new URL(request.url).pathname;
     const requestId = request.headers.get("x-request-id") ?? "";
-    const stepSession = stepSessionOf(request, path);
+    const tenant = options.tenantOf?.(request);
+    const stepKey = stepSessionOf(request, path);
+    const stepSession = stepKey === undefined ? undefined : scopedSessionId(stepKey, tenant);
     if (stepSession !== undefined) {
       let held: boolean;
       try {
@@ -204,7 +225,8 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     }
     if (request.method === "POST" && path === "/v1/sessions") {
       // Opened with an id another frontend holds: take it over first, so this is its one copy.
-      const asked = await requestedSessionId(request);
+      const askedKey = await requestedSessionId(request);
+      const asked = askedKey === undefined ? undefined : scopedSessionId(askedKey, tenant);
       if (asked !== undefined) {
         try {
           await ensureHeld(asked);
@@ -219,7 +241,7 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
       const text = await response.text();
       const id = (JSON.parse(text) as { id?: unknown }).id;
       // A directory too slow to settle the claim now still gets this frontend's write behind (its session events).
-      if (typeof id === "string") await takeOver(id).catch(() => undefined);
+      if (typeof id === "string") await takeOver(scopedSessionId(id, tenant)).catch(() => undefined);
       return new Response(text, response);
     }
     const sessionPath = SESSION_PATH.exec(path);
@@ -229,11 +251,12 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
       if (id === undefined) return response;
       // Only what this frontend does not hold goes further (authentication and validation passed here):
       // an unknown session, or one closed here because it was handed to another frontend.
-      const closedHere = response.status === 200 && scheduler.getSession(id)?.state === "closed";
+      const closedHere =
+        response.status === 200 && scheduler.getSession(scopedSessionId(id, tenant))?.state === "closed";
       if (response.status !== 404 && !closedHere) return response;
       const text = await response.text();
       if (response.status === 404 && !text.includes("session_not_found")) return new Response(text, response);
-      const answered = await forward(request.method, id);
+      const answered = await forward(request.method, id, tenant);
       return answered ?? new Response(text, response);
     }
     return fetch(request, ...rest);

@@ -78,6 +78,8 @@ export interface ServeNatsOptions {
   scheduler: NatsServiceScheduler & WindowScheduler;
   metrics?: { recordRefusal(e: { reason: string; lane: LaneClass | undefined; status: number }): void };
   log?: (line: string) => void;
+  /** API keys: NATS requests then carry `Authorization: Bearer KEY`, and sessions are their tenant's. */
+  keys?: NatsServiceOptions["keys"];
   /**
    * A frontend connected before the scheduler was built (so the scheduler
    * got its window authority and session directory). Without it, this
@@ -121,10 +123,10 @@ export async function startNatsService(
       sharedWindows: false,
     }));
   try {
-    await frontend.attach(
-      options.scheduler,
-      options.metrics ? { onRefusal: (e) => options.metrics?.recordRefusal(e) } : undefined,
-    );
+    await frontend.attach(options.scheduler, {
+      ...(options.metrics ? { onRefusal: (e) => options.metrics?.recordRefusal(e) } : {}),
+      ...(options.keys ? { keys: options.keys } : {}),
+    });
   } catch (err) {
     await frontend.close();
     throw err;

@@ -18,6 +18,8 @@ export const SUBJECTS = {
 /** Request and reply headers (NATS headers are case-sensitive; these are the canonical spellings). */
 export const HEADERS = {
   session: "Sluice-Session",
+  /** On a reply: where the session key came from, `header`, `body` or `none` (as HTTP's `x-sluice-session-source`). */
+  sessionSource: "Sluice-Session-Source",
   lane: "Sluice-Lane",
   requestId: "Sluice-Request-Id",
   deadlineMs: "Sluice-Deadline-Ms",
@@ -38,6 +40,11 @@ export const HEADERS = {
   replica: "Sluice-Replica",
   queueMs: "Sluice-Queue-Ms",
   retryAfter: "Retry-After",
+  /**
+   * Set by a frontend forwarding an HTTP `GET`/`DELETE` of a session to its holder: the tenant the
+   * session belongs to (a client's own copy of it is dropped when a request is handed over).
+   */
+  tenant: "Sluice-Tenant",
   /** Set on a request one frontend hands to the frontend that holds its session (never forwarded twice). */
   forwardedBy: "Sluice-Forwarded-By",
   event: "Sluice-Event",

@@ -13,6 +13,7 @@ import {
   Empty,
   ErrorCode,
   Events,
+  Match,
   type MsgHdrs,
   type NatsConnection,
   type NatsError,
@@ -21,7 +22,9 @@ import {
 } from "nats";
 import type { EngineChunk, EngineResult } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
-import { checkSessionId } from "../../src/sessions/session-id.js";
+import { isSessionId } from "../../src/sessions/session-id.js";
+import { scopedSessionId, unscopeSessionId } from "../../src/sessions/session-scope.js";
+import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
 import type {
   AdmittedCall,
   CallRequest,
@@ -37,6 +40,7 @@ import { collectCall } from "../openai-api/call-response.js";
 import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
 import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../openai-api/schemas.js";
+import { readSessionKey } from "../openai-api/session-key.js";
 import {
   type FrontendRequestKind,
   frontendSubject,
@@ -53,8 +57,9 @@ export type { SessionRoute, SessionRouter } from "./session-directory.js";
 export interface NatsServiceScheduler {
   submit(req: CallRequest): Promise<AdmittedCall>;
   openSession(init: OpenSessionInit): SessionView;
-  getSession(id: string): SessionView | undefined;
-  closeSession(id: string): boolean;
+  /** The session `id` names for `tenant`; without one, `id` is the scheduler's scoped id. */
+  getSession(id: string, tenant?: string): SessionView | undefined;
+  closeSession(id: string, tenant?: string): boolean;
   models(): string[];
   addEvents(events: SchedulerEvents): void;
   /** Scale-out hand-over of a session to another frontend (see `Scheduler.releaseSession`). */
@@ -95,8 +100,26 @@ export interface NatsServiceOptions {
   releaseWaitMs?: number;
   /** Publishes session state changes on `sluice.v1.events.session.<id>`. Default true. */
   publishEvents?: boolean;
+  /**
+   * API keys, as over HTTP: when given (and not empty), every request carries `Authorization: Bearer KEY`
+   * and belongs to that key's tenant; a session of one tenant is unknown to every other.
+   */
+  keys?: NatsApiKeys;
   /** Refusals decided here rather than in the scheduler (bad JSON, schema), for the metrics. */
   onRefusal?: (e: { reason: string; lane: LaneClass | undefined; status: number }) => void;
+}
+
+/** What the service needs of the API keys (`adapters/http/api-keys.ts` provides it). */
+export interface NatsApiKeys {
+  readonly size: number;
+  lookup(presented: string): { tenant: string; priority: number; admin: boolean } | undefined;
+}
+
+/** Who sent a request: its key's tenant, priority and admin right (the `default` tenant without keys). */
+interface Caller {
+  tenant: string;
+  priority?: number;
+  admin: boolean;
 }
 
 /** A running NATS service. */
@@ -147,8 +170,26 @@ function isTrue(value: string | undefined): boolean {
   return value !== undefined && /^(true|1|yes)$/i.test(value.trim());
 }
 
-function sessionIdOf(value: string | undefined): string | undefined {
-  return value === undefined ? undefined : checkSessionId(value.trim(), HEADERS.session);
+/** A request header by name in any case, `undefined` only when absent (an empty value is present). */
+function anyCaseHeader(msg: ServiceMsg, name: string): string | undefined {
+  const hdrs = msg.headers;
+  if (!hdrs?.has(name, Match.IgnoreCase)) return undefined;
+  return hdrs.get(name, Match.IgnoreCase);
+}
+
+/** The caller of a request; with keys, a missing or unknown `Authorization: Bearer KEY` is a 401. */
+function callerOf(msg: ServiceMsg, keys: NatsApiKeys | undefined): Caller {
+  if (!keys || keys.size === 0) return { tenant: DEFAULT_TENANT, admin: false };
+  const header = anyCaseHeader(msg, "authorization")?.trim();
+  const presented = header ? /^Bearer\s+(.+)$/i.exec(header)?.[1]?.trim() : undefined;
+  const identity = presented ? keys.lookup(presented) : undefined;
+  if (!identity) {
+    throw new Refusal(
+      "unauthorized",
+      "missing or unknown API key: send the header Authorization: Bearer KEY",
+    );
+  }
+  return { tenant: identity.tenant, priority: identity.priority, admin: identity.admin };
 }
 
 function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unknown {
@@ -176,14 +217,15 @@ function parseJson(data: Uint8Array, limitBytes: number, emptyAs?: unknown): unk
   }
 }
 
-/** `{ "id": "…" }` of the session endpoints. */
-function sessionIdBody(data: Uint8Array, limitBytes: number): string {
+/** `{ "id": "…" }` of the session endpoints (an admin may add `"tenant"`). */
+function sessionIdBody(data: Uint8Array, limitBytes: number): { id: string; tenant?: string } {
   const json = parseJson(data, limitBytes);
   const id = (json as { id?: unknown } | null)?.id;
   if (typeof json !== "object" || json === null || typeof id !== "string" || id.length === 0) {
     throw new Refusal("invalid_request", 'expected a JSON object { "id": "<session id>" }', { param: "id" });
   }
-  return id;
+  const tenant = (json as { tenant?: unknown }).tenant;
+  return typeof tenant === "string" ? { id, tenant } : { id };
 }
 
 /** The OpenAI chunk objects carried by one engine chunk: the upstream's own events, or one formatted from text. */
@@ -327,14 +369,19 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       const deadlineMs = positiveMsOf(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
       const expectedIdleMs = expectedIdleMsOf(HEADERS.expectedIdleMs, headerOf(msg, HEADERS.expectedIdleMs));
       const statedTimeout = positiveMsOf(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
-      const sessionId = sessionIdOf(headerOf(msg, HEADERS.session));
+      const caller = callerOf(msg, options.keys);
       const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
       streamMode = streamMode || body.stream === true;
+      // `Sluice-Session` first, then the HTTP session headers by the same names, then the body.
+      const named = readSessionKey((name) => anyCaseHeader(msg, name), { body, first: [HEADERS.session] });
+      const sessionId = named.key;
 
       if (sessionId !== undefined && router && frontendId !== undefined && !handedOver) {
-        const local = scheduler.getSession(sessionId);
+        // The directory knows sessions by their tenant-scoped id.
+        const scoped = scopedSessionId(sessionId, caller.tenant);
+        const local = scheduler.getSession(scoped);
         if (!local || local.state === "closed") {
-          const route = await router.route(sessionId, { claim: true });
+          const route = await router.route(scoped, { claim: true });
           if (route.owner === "other") {
             // The owner answers (and beats) from here on.
             heartbeat.stop();
@@ -364,9 +411,16 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       if (body.model !== undefined) req.model = body.model;
       if (maxTokens !== undefined) req.maxTokens = maxTokens;
       if (sessionId !== undefined) req.sessionId = sessionId;
+      if (named.parent !== undefined) req.parentSessionId = named.parent;
+      if (named.final) req.finalStep = true;
+      if (named.cacheHint !== undefined) req.cacheHint = named.cacheHint;
       if (declaredLane !== undefined) req.declaredLane = declaredLane;
       if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
       if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
+      if (options.keys && options.keys.size > 0) {
+        req.tenant = caller.tenant;
+        if (caller.priority !== undefined) req.priority = caller.priority;
+      }
 
       try {
         // The scheduler decides at once whether it still takes calls; past this line a drain lets it run.
@@ -394,6 +448,8 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         meta.set(HEADERS.lane, call.lane);
         meta.set(HEADERS.replica, call.replica);
         meta.set(HEADERS.queueMs, String(Math.round(call.queueMs)));
+        meta.set(HEADERS.sessionSource, sessionId !== undefined ? named.source : "none");
+        if (sessionId !== undefined) meta.set(HEADERS.session, sessionId);
         if (streamMode) {
           await streamCall(
             call,
@@ -551,7 +607,11 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   /** Hands a request to the frontend holding its session; that frontend replies to the requester directly. */
   const handOver = (msg: ServiceMsg, owner: string, kind: FrontendRequestKind) => {
     const hdrs = createHeaders();
-    for (const [key, values] of msg.headers ?? []) for (const value of values) hdrs.append(key, value);
+    for (const [key, values] of msg.headers ?? []) {
+      // Only a frontend names a tenant; a client's own claim to one never travels on.
+      if (key.toLowerCase() === HEADERS.tenant.toLowerCase()) continue;
+      for (const value of values) hdrs.append(key, value);
+    }
     hdrs.set(HEADERS.forwardedBy, frontendId ?? "");
     nc.publish(frontendSubject(owner, kind), msg.data, { reply: msg.reply, headers: hdrs });
   };
@@ -572,20 +632,28 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     msg: ServiceMsg,
     kind: "sessions.close" | "sessions.get",
     handedOver: boolean,
-    local: (id: string) => unknown,
+    local: (id: string, tenant: string) => unknown,
   ) => {
     const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
     try {
-      const id = sessionIdBody(msg.data, bodyLimit);
-      const here = scheduler.getSession(id);
+      const asked = sessionIdBody(msg.data, bodyLimit);
+      const id = asked.id;
+      // A session is its tenant's: another tenant's key names a session the caller's tenant does not hold.
+      // An admin key may name the tenant it means; a peer frontend forwarding an HTTP request names it.
+      const peerTenant = handedOver ? anyCaseHeader(msg, HEADERS.tenant) : undefined;
+      const caller = peerTenant === undefined ? callerOf(msg, options.keys) : undefined;
+      const tenant =
+        peerTenant ?? (caller?.admin && asked.tenant !== undefined ? asked.tenant : caller!.tenant);
+      if (!isSessionId(id)) throw unknownSession(id);
+      const here = scheduler.getSession(id, tenant);
       if ((!here || here.state === "closed") && router && !handedOver) {
-        const route = await router.route(id, { claim: false });
+        const route = await router.route(scopedSessionId(id, tenant), { claim: false });
         if (route.owner === "other") {
           handOver(msg, route.frontendId, kind);
           return;
         }
       }
-      respondJson(msg, local(id), requestId);
+      respondJson(msg, local(id, tenant), requestId);
     } catch (err) {
       respondRefusal(msg, err, requestId, true);
     }
@@ -599,7 +667,8 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   const handleRelease = async (msg: ServiceMsg) => {
     const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
     try {
-      const id = sessionIdBody(msg.data, bodyLimit);
+      // Between frontends, sessions are named by their tenant-scoped id.
+      const { id } = sessionIdBody(msg.data, bodyLimit);
       const deadline = performance.now() + releaseWaitMs;
       for (;;) {
         const view = scheduler.getSession(id);
@@ -632,13 +701,13 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
     }
   };
 
-  const closeLocal = (id: string) => {
-    if (!scheduler.closeSession(id)) throw unknownSession(id);
+  const closeLocal = (id: string, tenant: string) => {
+    if (!scheduler.closeSession(id, tenant)) throw unknownSession(id);
     return { id, state: "closed" };
   };
 
-  const getLocal = (id: string) => {
-    const view = scheduler.getSession(id);
+  const getLocal = (id: string, tenant: string) => {
+    const view = scheduler.getSession(id, tenant);
     if (!view) throw unknownSession(id);
     return view;
   };
@@ -652,16 +721,17 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
           scope: "fleet",
         });
       }
+      const caller = callerOf(msg, options.keys);
       const body = parseBody(openSessionBodySchema, parseJson(msg.data, bodyLimit, {}));
-      const init: OpenSessionInit = {};
+      const init: OpenSessionInit = { tenant: caller.tenant };
       if (body.id !== undefined) init.id = body.id;
       if (body.lane !== undefined) init.lane = body.lane;
       if (body.metadata !== undefined) init.metadata = body.metadata;
       if (body.id !== undefined && router && !handedOver) {
-        const here = scheduler.getSession(body.id);
+        const here = scheduler.getSession(body.id, caller.tenant);
         if (!here || here.state === "closed") {
           // Claimed before the reply, so the session's first step finds its frontend whichever instance it reaches.
-          const route = await router.route(body.id, { claim: true });
+          const route = await router.route(scopedSessionId(body.id, caller.tenant), { claim: true });
           if (route.owner === "other") {
             handOver(msg, route.frontendId, "sessions.open");
             return;
@@ -671,7 +741,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       const view = scheduler.openSession(init);
       // A directory too slow to settle the claim now still gets this frontend's write behind (its session events).
       if (body.id === undefined && router)
-        await router.route(view.id, { claim: true }).catch(() => undefined);
+        await router.route(scopedSessionId(view.id, caller.tenant), { claim: true }).catch(() => undefined);
       respondJson(msg, { id: view.id, state: view.state }, requestId);
     } catch (err) {
       respondRefusal(msg, err, requestId, true);
@@ -729,9 +799,11 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         if (!eventsOn || nc.isClosed()) return;
         const hdrs = createHeaders();
         hdrs.set(HEADERS.event, e.event);
-        const payload = { id: e.id, event: e.event, replica: e.replica, at: new Date().toISOString() };
+        // Published under the client's key; the tenant it belongs to is in the payload.
+        const { key, tenant } = unscopeSessionId(e.id);
+        const payload = { id: key, tenant, event: e.event, replica: e.replica, at: new Date().toISOString() };
         try {
-          nc.publish(sessionEventSubject(e.id), encoder.encode(JSON.stringify(payload)), { headers: hdrs });
+          nc.publish(sessionEventSubject(key), encoder.encode(JSON.stringify(payload)), { headers: hdrs });
         } catch {
           // Events are best effort: a closed connection must never reach the request path.
         }

@@ -5,29 +5,8 @@ import type { Lane } from "../../src/types.js";
 
 const LANES: readonly Lane[] = ["interactive", "bulk"];
 
-/** Session key headers, first present wins (SPEC 7): HTTP requests, batch lines and the fleet's take-over read the same list. */
-export const SESSION_HEADERS = [
-  "x-session-id",
-  "x-claude-code-session-id",
-  "x-session-affinity",
-  "session-id",
-  "session_id",
-  "x-dynamo-session-id",
-] as const;
-
-/**
- * The session key named by the first session header present with a non-blank value, trimmed, and
- * that header's name; `header` reads one header by its lower-case name. The caller judges the key.
- */
-export function sessionHeaderOf(
-  header: (name: string) => unknown,
-): { name: (typeof SESSION_HEADERS)[number]; value: string } | undefined {
-  for (const name of SESSION_HEADERS) {
-    const value = header(name);
-    if (typeof value === "string" && value.trim() !== "") return { name, value: value.trim() };
-  }
-  return undefined;
-}
+/** The session key headers, in the order they are read (`session-key.ts` reads them). */
+export { SESSION_HEADERS } from "./session-key.js";
 
 /** The declared lane (`x-sluice-lane`, NATS `Sluice-Lane`): interactive or bulk, any case; anything else is a 400 naming the header. */
 export function declaredLaneOf(name: string, value: string | undefined): Lane | undefined {

@@ -447,6 +447,11 @@ export class SessionAdmission {
     return this.sessions.get(id);
   }
 
+  /** Every session id held (open, or closed and not yet forgotten). */
+  ids(): IterableIterator<string> {
+    return this.sessions.keys();
+  }
+
   view(session: SessionRecord): SessionView {
     const view: SessionView = {
       id: session.id,

@@ -209,7 +209,11 @@ describe("POST /v1/responses", () => {
       post(responsesBody({ previous_response_id: first.json().id }), asA),
     );
     assert.equal(mine.response.status, 200, mine.text);
-    assert.equal(scheduler.getSession("a-agent")?.steps, 2, "the producer's tenant continues its session");
+    assert.equal(
+      scheduler.getSession("a-agent", "a")?.steps,
+      2,
+      "the producer's tenant continues its session",
+    );
     const theirs = await call(
       "/v1/responses",
       post(responsesBody({ previous_response_id: mine.json().id }), {
@@ -221,8 +225,8 @@ describe("POST /v1/responses", () => {
       theirs.response.headers.get("x-sluice-replica"),
       first.response.headers.get("x-sluice-replica"),
     );
-    assert.equal(scheduler.getSession("a-agent")?.steps, 2, "another tenant's call is not a step of it");
-    scheduler.closeSession("a-agent");
+    assert.equal(scheduler.getSession("a-agent", "a")?.steps, 2, "another tenant's call is not a step of it");
+    scheduler.closeSession("a-agent", "a");
     assertIdle(scheduler);
   });
 

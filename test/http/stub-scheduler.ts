@@ -120,6 +120,9 @@ export class StubScheduler implements HttpScheduler {
   closeSession() {
     return false;
   }
+  tenantsOfSession(): string[] {
+    return [];
+  }
   models() {
     return ["m"];
   }

@@ -268,6 +268,50 @@ describe("input files", () => {
     assert.equal(parsed[1]?.call.sessionId, undefined);
   });
 
+  test("batch lines name sessions as HTTP calls do: order, Claude Code, body metadata, parents, final; odd keys fail the line", () => {
+    const line = (id: string, headers: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
+      JSON.stringify({
+        custom_id: id,
+        method: "POST",
+        url: "/v1/chat/completions",
+        headers,
+        body: { model: MODEL, messages: [{ role: "user", content: "x" }], ...extra },
+      });
+    const text = [
+      line("codex", { "session-id": "conv", "Thread-Id": "thread-9" }),
+      line("claude", { "x-claude-code-session-id": "cc", "x-claude-code-agent-id": "sub" }),
+      line("meta", {}, { metadata: { session_id: "in-meta" } }),
+      line("child", {
+        "x-session-id": "kid",
+        "x-codex-parent-thread-id": "mom",
+        "x-dynamo-session-final": "true",
+      }),
+      line("cache", {}, { prompt_cache_key: "p", user: "u" }),
+      line("empty", { "x-session-id": "" }),
+      line("long", { "x-session-id": "k".repeat(257) }),
+      line("number", { "x-session-id": 7 }),
+      line("ctl", {}, { metadata: { session_id: "a\u0007b" } }),
+    ].join("\n");
+    const { lines: parsed, errors } = parseBatchInput(text, "/v1/chat/completions");
+    const byId = new Map(parsed.map((l) => [l.customId, l.call]));
+    assert.equal(byId.get("codex")?.sessionId, "thread-9");
+    assert.equal(byId.get("claude")?.sessionId, "cc/sub");
+    assert.equal(byId.get("claude")?.parentSessionId, "cc");
+    assert.equal(byId.get("meta")?.sessionId, "in-meta");
+    assert.equal(byId.get("child")?.parentSessionId, "mom");
+    assert.equal(byId.get("child")?.finalStep, true);
+    assert.equal(byId.get("cache")?.sessionId, undefined, "prompt_cache_key and user are never keys");
+    assert.deepEqual(
+      errors.map((e) => [e.line, e.code, e.param]),
+      [
+        [6, "invalid_request", "x-session-id"],
+        [7, "invalid_request", "x-session-id"],
+        [8, "invalid_request", "x-session-id"],
+        [9, "invalid_request", "metadata.session_id"],
+      ],
+    );
+  });
+
   test("each kind of bad line is named with its line number; an empty file is an error", () => {
     const text = [
       "[1]",
