@@ -37,9 +37,11 @@ import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.j
 import { DisaggregatedPath, type HeldCall } from "./scheduler/disaggregated-path.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
+import { digestPrompt } from "./sessions/message-digest.js";
 import { type ResponseOrigin, ResponseOrigins } from "./sessions/response-origins.js";
 import { SessionAdmission, type SessionHandover, type SessionRecord } from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
+import { type InferenceDecision, SessionInference } from "./sessions/session-inference.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
@@ -136,6 +138,8 @@ export class Scheduler {
   private readonly pinHints = new Map<string, string>();
   /** Responses API: which replica produced each recent response (and in which session). */
   private readonly responseOrigins = new ResponseOrigins();
+  /** Sessions of calls that send no key, inferred from the chain of prompts and returned outputs. */
+  private readonly inference: SessionInference;
   private roundRobin = 0;
   /** What the per-replica window control reads and reports through. */
   private readonly windowContext: WindowControlContext;
@@ -173,6 +177,10 @@ export class Scheduler {
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
+    this.inference = new SessionInference({
+      mode: this.config.sessions.infer,
+      capacity: this.config.sessions.inferCapacity,
+    });
     this.disaggregated = this.disaggregatedPath();
     this.admission = new SessionAdmission({
       clock: this.clock,
@@ -379,6 +387,7 @@ export class Scheduler {
    */
   async submit(req: CallRequest): Promise<AdmittedCall> {
     let lane: LaneClass | undefined;
+    let inferred: InferenceDecision | undefined;
     try {
       req.signal?.throwIfAborted();
       if (!this.accepting) {
@@ -388,7 +397,9 @@ export class Scheduler {
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
       // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
-      const sessionId = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
+      const keyed = req.sessionId ?? (origin?.tenant === req.tenant ? origin?.sessionId : undefined);
+      inferred = this.inferSession(req, keyed);
+      const sessionId = keyed ?? inferred?.sessionId;
       const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId);
       const contextWindow = this.contextWindow(model);
       // Tokenizing stops once the prompt cannot fit: a huge prompt costs no more than a window's worth of work.
@@ -432,7 +443,7 @@ export class Scheduler {
         );
       }
       this.checkOverloadStage(lane, req.priority ?? 0);
-      return await this.admit(req, {
+      const call = await this.admit(req, {
         model,
         tokens,
         maxTokens,
@@ -440,9 +451,18 @@ export class Scheduler {
         session,
         ...(origin ? { boundReplica: origin.replica } : {}),
       });
+      const pending = inferred?.pending;
+      if (call instanceof AdmittedCallImpl) {
+        if (inferred?.sessionId !== undefined && keyed === undefined) call.sessionInferred = true;
+        if (pending) call.observeOutput((output) => this.inference.settle(pending, output));
+      } else if (pending) this.inference.settle(pending, undefined);
+      return call;
     } catch (error) {
-      // A hint from another frontend is for this session's first admission only.
+      if (inferred?.pending) this.inference.settle(inferred.pending, undefined);
+      // A hint from another frontend (or a fork's parent) is for this session's first admission only.
       if (req.sessionId !== undefined) this.pinHints.delete(req.sessionId);
+      if (inferred?.outcome === "forked" && inferred.sessionId !== undefined)
+        this.pinHints.delete(inferred.sessionId);
       if (error instanceof Refusal) {
         const refusal = error.lane || !lane ? error : error.with({ lane });
         this.rejections[refusal.reason] = (this.rejections[refusal.reason] ?? 0) + 1;
@@ -976,6 +996,28 @@ export class Scheduler {
       );
     }
     return model;
+  }
+
+  /**
+   * The inference's decision for a call (docs/sessions.md): with `on`, a call without a key that
+   * continues a recent call's prompt and output gets that session; a fork is placed beside its parent.
+   */
+  private inferSession(req: CallRequest, key: string | undefined): InferenceDecision | undefined {
+    if (this.inference.mode === "off") return undefined;
+    const reads = this.inference.mode === "shadow" ? key !== undefined : key === undefined;
+    const digest = reads ? digestPrompt(req.input, req.tenant ?? "") : undefined;
+    const decision = this.inference.decide(digest, key);
+    this.emit("inference", { outcome: decision.outcome });
+    if (
+      decision.outcome === "forked" &&
+      decision.parentId !== undefined &&
+      decision.sessionId !== undefined
+    ) {
+      const parent = this.admission.get(decision.parentId);
+      if (parent?.replica && this.byId.has(parent.replica))
+        this.pinHints.set(decision.sessionId, parent.replica);
+    }
+    return decision;
   }
 
   private async sessionFor(id: string): Promise<SessionRecord> {
