@@ -85,6 +85,9 @@ export interface AppOptions {
 /** Default of `streamStallTimeoutMs`. */
 export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
 
+/** Where the session a call was counted in came from (`x-sluice-session-source`). */
+type SessionSource = "header" | "body" | "inferred";
+
 /** What the HTTP layer learns about one request as it goes, for its refusal headers and its log line. */
 interface RequestFacts {
   startedAt: number;
@@ -94,6 +97,8 @@ interface RequestFacts {
   replica?: string;
   lane?: string;
   session?: string;
+  /** Where `session` came from (the `x-sluice-session-source` header); undefined with no session. */
+  sessionSource?: SessionSource;
   rate?: RateStanding;
 }
 
@@ -351,6 +356,15 @@ export function createApp(options: AppOptions): SluiceApp {
     c.set("facts", { startedAt: clock.now() });
     await next();
     c.res.headers.set("x-request-id", id);
+    // Every response names the session it was counted in (docs/sessions.md), refusals included.
+    if (!c.res.headers.has("x-sluice-session-source")) {
+      const { session, sessionSource } = c.get("facts");
+      if (session !== undefined) c.res.headers.set("x-sluice-session", session);
+      c.res.headers.set(
+        "x-sluice-session-source",
+        session !== undefined ? (sessionSource ?? "header") : "none",
+      );
+    }
     const rate = c.get("facts").rate;
     if (rate)
       for (const [name, value] of Object.entries(rateLimitHeaders(rate))) c.res.headers.set(name, value);
@@ -380,6 +394,8 @@ export function createApp(options: AppOptions): SluiceApp {
           "x-sluice-lane",
           "x-sluice-replica",
           "x-sluice-queue-ms",
+          "x-sluice-session",
+          "x-sluice-session-source",
           "retry-after",
           "x-should-retry",
           "x-ratelimit-limit-requests",
@@ -574,8 +590,10 @@ export function createApp(options: AppOptions): SluiceApp {
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const shape = callBodyOf(endpoint, json);
     const { body, maxTokens, stream } = shape;
+    let sessionSource: SessionSource | undefined = sessionId !== undefined ? "header" : undefined;
     // A Responses API `conversation` is a session key, after the headers.
     sessionId ??= shape.conversation;
+    if (sessionSource === undefined && sessionId !== undefined) sessionSource = "body";
     const identity = c.get("identity");
 
     const end = tracker.begin();
@@ -615,6 +633,7 @@ export function createApp(options: AppOptions): SluiceApp {
 
     const facts = c.get("facts");
     if (sessionId !== undefined) facts.session = sessionId;
+    if (sessionSource !== undefined) facts.sessionSource = sessionSource;
     facts.submittedAt = clock.now();
     let call: AdmittedCall;
     try {
@@ -635,6 +654,14 @@ export function createApp(options: AppOptions): SluiceApp {
     if (signal.aborted) onAbort();
     facts.replica = call.replica;
     facts.lane = call.lane;
+    if (call.sessionId !== undefined) {
+      facts.session = call.sessionId;
+      // A session named by neither header nor body came from the prompt, or from the response it continues.
+      facts.sessionSource = call.sessionInferred ? "inferred" : (sessionSource ?? "body");
+    } else {
+      delete facts.session;
+      delete facts.sessionSource;
+    }
     const model = shape.model ?? scheduler.models()[0] ?? "unknown";
     call.result.then(
       (result) => {
@@ -655,7 +682,7 @@ export function createApp(options: AppOptions): SluiceApp {
           status: 200,
           lane: call.lane,
           replica: call.replica,
-          session: sessionId,
+          session: facts.session,
           queueMs: call.queueMs,
           durationMs,
         });
@@ -674,7 +701,9 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-lane": call.lane,
       "x-sluice-replica": call.replica,
       "x-sluice-queue-ms": String(Math.round(call.queueMs)),
+      "x-sluice-session-source": facts.sessionSource ?? "none",
     };
+    if (facts.session !== undefined) headers["x-sluice-session"] = facts.session;
 
     if (stream) {
       const sse = sseStream({
