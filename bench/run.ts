@@ -205,6 +205,8 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   }
   /** Prompt and output of a call whose dependents extend it; dropped once they have. */
   const contexts = new Map<number, number[]>();
+  /** Dependents of a call still to start that extend its context. */
+  const extendersLeft = new Map<number, number>();
   const rejected: Record<string, number> = {};
   const errors: string[] = [];
   let finished = 0;
@@ -273,7 +275,13 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
       const base = contexts.get(call.after);
       if (!base) throw new Error(`context of ${calls[call.after]!.id} missing`);
       prompt = base.concat(call.newTokens());
-      contexts.delete(call.after);
+      // A context two calls extend (a fork) is kept until the last of them has started.
+      const left = (extendersLeft.get(call.after) ?? 1) - 1;
+      extendersLeft.set(call.after, left);
+      if (left <= 0) {
+        contexts.delete(call.after);
+        extendersLeft.delete(call.after);
+      }
     } else {
       prompt = call.newTokens();
     }
@@ -327,7 +335,11 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
             generated.length < tokens
               ? [...generated, ...fillerTokens(tokens - generated.length, call.index)]
               : [...generated];
-          contexts.set(call.index, prompt.concat(full));
+          contexts.set(call.index, prompt.concat(full.slice(call.dropsOutputTokens ?? 0)));
+          extendersLeft.set(
+            call.index,
+            dependents[call.index]!.filter((next) => calls[next]!.extendsAfter).length,
+          );
         }
       } catch (error) {
         if (!(error instanceof EngineError)) throw error;

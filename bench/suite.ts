@@ -93,11 +93,13 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
   const report = await runBench({
     name: resolved.name,
     compile: (load) =>
-      compileWorkload(spec, {
-        name: resolved.name,
-        load,
-        ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
-      }),
+      resolved.named?.build
+        ? resolved.named.build(spec, { name: resolved.name, load })
+        : compileWorkload(spec, {
+            name: resolved.name,
+            load,
+            ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
+          }),
     loads,
     policies,
     replicas,
