@@ -999,7 +999,7 @@ export class Scheduler {
   }
 
   /**
-   * The inference's decision for a call (docs/sessions.md): with `on`, a call without a key that
+   * The inference's decision for a call (docs/routing.md): with `on`, a call without a key that
    * continues a recent call's prompt and output gets that session; a fork is placed beside its parent.
    */
   private inferSession(req: CallRequest, key: string | undefined): InferenceDecision | undefined {

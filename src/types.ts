@@ -259,7 +259,7 @@ export interface SchedulerEvents {
   }): void;
   /** The overload stage changed, and why (the p95 interactive gate queue age of the window that moved it). */
   stage?(e: { from: OverloadStage; to: OverloadStage; cause: string }): void;
-  /** What session inference made of a call (docs/sessions.md), once per call it saw. */
+  /** What session inference made of a call (docs/routing.md), once per call it saw. */
   inference?(e: { outcome: InferenceOutcome }): void;
   /** A replica became healthy or unhealthy at a control tick, and why; one unhealthy from the start is reported once too. */
   health?(e: { replica: string; healthy: boolean; cause: string }): void;

@@ -121,7 +121,7 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     topic: RUN,
     schema: z.enum(["on", "off"]).default("on"),
     env: null,
-    help: "session inference of the scheduler under test (docs/sessions.md)",
+    help: "session inference of the scheduler under test (docs/routing.md)",
   }),
   defineSetting({
     flag: "json",

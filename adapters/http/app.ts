@@ -356,7 +356,7 @@ export function createApp(options: AppOptions): SluiceApp {
     c.set("facts", { startedAt: clock.now() });
     await next();
     c.res.headers.set("x-request-id", id);
-    // Every response names the session it was counted in (docs/sessions.md), refusals included.
+    // Every response names the session it was counted in (docs/routing.md), refusals included.
     if (!c.res.headers.has("x-sluice-session-source")) {
       const { session, sessionSource } = c.get("facts");
       if (session !== undefined) c.res.headers.set("x-sluice-session", session);

@@ -1,6 +1,6 @@
 /**
  * @module The `adversarial` workload: agent sessions built to trip session inference
- * (docs/sessions.md). Every session opens with the same system prompt and the same first task, and
+ * (docs/routing.md). Every session opens with the same system prompt and the same first task, and
  * its first answer has the same length, so the simulator answers them identically; a quarter fork a
  * child session off an earlier step, a quarter send their outputs back without their first tokens
  * (dropped reasoning), a quarter restart from a compacted history halfway. Run with

@@ -120,7 +120,7 @@ export const schedulerConfigSchema = z.strictObject({
       waitLimitMs: ms.default(DEFAULT_SESSIONS.waitLimitMs),
       staleSignals: z.enum(["closed", "open"]).default("closed"),
       staleAfterMs: z.number().positive().default(DEFAULT_STALE_AFTER_MS),
-      /** Inferred sessions for calls without a key (docs/sessions.md): `on`, `shadow` (report only) or `off`. */
+      /** Inferred sessions for calls without a key (docs/routing.md): `on`, `shadow` (report only) or `off`. */
       infer: z.enum(INFERENCE_MODES).default("on"),
       /** Chain points the inference remembers (LRU), ~250 bytes each. */
       inferCapacity: positiveInt.default(DEFAULT_INFERENCE_CAPACITY),

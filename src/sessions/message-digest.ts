@@ -1,6 +1,6 @@
 /**
  * @module Digests of a call's prompt and of the output sluice returned for it, unit by unit, for
- * session inference (docs/sessions.md, "Inferred sessions"). A chat prompt's units are its
+ * session inference (docs/routing.md, "Inferred sessions"). A chat prompt's units are its
  * messages; a token prompt's units are blocks of tokens. Each unit's digest is chained over every
  * unit before it, so two equal chain entries mean two equal prompt prefixes.
  */

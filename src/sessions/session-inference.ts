@@ -1,5 +1,5 @@
 /**
- * @module Inferred sessions (docs/sessions.md): a call that sends no session key is the next step
+ * @module Inferred sessions (docs/routing.md): a call that sends no session key is the next step
  * of the session whose recent call's prompt and returned output its prompt continues. A bounded,
  * message-level chain index over the points recent calls reached; pure, no clock.
  */
