@@ -18,6 +18,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
+import { blockHashes } from "../src/routing/block-hash.js";
 import { digestPrompt } from "../src/sessions/message-digest.js";
 import { DEFAULT_INFERENCE_CAPACITY, SessionInference } from "../src/sessions/session-inference.js";
 import type { ChatMessage } from "../src/types.js";
@@ -66,29 +67,34 @@ function heapBytes(): number {
   return m.heapUsed + m.arrayBuffers;
 }
 
+/** The heap the index holds: measured with it, then without it (the benchmark's own prompts stay held both times). */
+function indexBytesOf(box: { inference?: SessionInference }): number {
+  const held = heapBytes();
+  box.inference = undefined;
+  return held - heapBytes();
+}
+
 /** Chat: each chain's history of tool outputs and answers; the index after every chain ran STEPS steps. */
 function chatScenario() {
-  const before = heapBytes();
-  const inference = new SessionInference({ mode: "on" });
+  const box: { inference?: SessionInference } = { inference: new SessionInference({ mode: "on" }) };
   const histories: ChatMessage[][] = [];
   for (let c = 0; c < CHAINS; c++) {
     const history: ChatMessage[] = [SYSTEM, { role: "user", content: `task ${c}: ${text(200)}` }];
     for (let s = 0; s < STEPS; s++) {
       const answer = `step ${s} of ${c}: ${text(300)}`;
-      const decision = inference.decide(digestPrompt({ kind: "chat", messages: history }));
-      if (decision.pending) inference.settle(decision.pending, { text: answer });
+      const decision = box.inference!.decide(digestPrompt({ kind: "chat", messages: history }));
+      if (decision.pending) box.inference!.settle(decision.pending, { text: answer });
       history.push({ role: "assistant", content: answer }, { role: "tool", content: text(1_600) });
     }
     histories.push(history);
   }
-  const indexBytes = heapBytes() - before;
   const timing = (makePrompt: (c: number) => ChatMessage[]) => {
     const samples: number[] = [];
     for (let i = 0; i < DECISIONS; i++) {
       const prompt = makePrompt(i % CHAINS);
       const t0 = performance.now();
-      const decision = inference.decide(digestPrompt({ kind: "chat", messages: prompt }));
-      if (decision.pending) inference.settle(decision.pending, { text: "a short answer" });
+      const decision = box.inference!.decide(digestPrompt({ kind: "chat", messages: prompt }));
+      if (decision.pending) box.inference!.settle(decision.pending, { text: "a short answer" });
       samples.push((performance.now() - t0) * 1000);
     }
     return quantiles(samples);
@@ -100,35 +106,34 @@ function chatScenario() {
     { role: "user", content: `another task ${c}` },
     ...histories[c]!.slice(2, 32),
   ]);
+  const points = box.inference!.size;
+  const indexBytes = indexBytesOf(box);
   const promptMessages = histories[0]!.length;
   const promptChars = histories[0]!.reduce((n, m) => n + String(m.content).length, 0);
   return {
     scenario: "chat",
     prompt: { messages: promptMessages, characters: promptChars },
-    points: inference.size,
+    points,
     decision_us: { continuing, new_session: fresh },
-    index_bytes_per_point: Math.round(indexBytes / Math.max(1, inference.size)),
-    histories_held_bytes_note: "the index bytes include the benchmark's own histories; see docs/routing.md",
+    index_bytes_per_point: Math.round(indexBytes / Math.max(1, points)),
   };
 }
 
 /** Tokens: a 32,000-token prompt continuing one chain of 10k. */
 function tokenScenario() {
-  const before = heapBytes();
-  const inference = new SessionInference({ mode: "on" });
+  const box: { inference?: SessionInference } = { inference: new SessionInference({ mode: "on" }) };
   const contexts: number[][] = [];
   for (let c = 0; c < CHAINS; c++) {
     // Each chain's points (its last step's context is kept to continue it).
     let context = Array.from({ length: 2_000 }, () => Math.floor(random() * 128_000));
     for (let s = 0; s < STEPS; s++) {
       const output = Array.from({ length: 200 }, () => Math.floor(random() * 128_000));
-      const decision = inference.decide(digestPrompt({ kind: "tokens", tokens: context }));
-      if (decision.pending) inference.settle(decision.pending, { tokens: output });
+      const decision = box.inference!.decide(digestPrompt({ kind: "tokens", tokens: context }));
+      if (decision.pending) box.inference!.settle(decision.pending, { tokens: output });
       context = context.concat(output, [c, s, 1, 2, 3]);
     }
     if (c < DECISIONS) contexts.push(context);
   }
-  const indexBytes = heapBytes() - before;
   const long = (c: number) => {
     const base = contexts[c % contexts.length]!;
     const pad = Array.from({ length: Math.max(0, 32_000 - base.length) }, (_, i) => (i * 7919) % 128_000);
@@ -140,22 +145,36 @@ function tokenScenario() {
     // A continuing step: the chain's context plus a long tool output up to 32k tokens.
     const prompt = base.concat(pad);
     let t0 = performance.now();
-    let decision = inference.decide(digestPrompt({ kind: "tokens", tokens: prompt }));
-    if (decision.pending) inference.settle(decision.pending, { tokens: [1, 2, 3, 4] });
+    let decision = box.inference!.decide(digestPrompt({ kind: "tokens", tokens: prompt }));
+    if (decision.pending) box.inference!.settle(decision.pending, { tokens: [1, 2, 3, 4] });
     samples.continuing.push((performance.now() - t0) * 1000);
     const fresh = pad.concat(base);
     t0 = performance.now();
-    decision = inference.decide(digestPrompt({ kind: "tokens", tokens: fresh }));
-    if (decision.pending) inference.settle(decision.pending, { tokens: [5, 6, 7, 8] });
+    decision = box.inference!.decide(digestPrompt({ kind: "tokens", tokens: fresh }));
+    if (decision.pending) box.inference!.settle(decision.pending, { tokens: [5, 6, 7, 8] });
     samples.new_session.push((performance.now() - t0) * 1000);
   }
+  const points = box.inference!.size;
+  const indexBytes = indexBytesOf(box);
   return {
     scenario: "tokens",
     prompt: { tokens: 32_000 },
-    points: inference.size,
+    points,
     decision_us: { continuing: quantiles(samples.continuing), new_session: quantiles(samples.new_session) },
-    index_bytes_per_point: Math.round(indexBytes / Math.max(1, inference.size)),
+    index_bytes_per_point: Math.round(indexBytes / Math.max(1, points)),
   };
+}
+
+/** The router's own cold hashing of a 32,000-token prompt in this run, as a yardstick on a shared machine. */
+function routingHashUs(): { p50: number; p99: number } {
+  const prompt = Array.from({ length: 32_000 }, (_, i) => (i * 7919) % 128_000);
+  const samples: number[] = [];
+  for (let i = 0; i < DECISIONS; i++) {
+    const t0 = performance.now();
+    blockHashes(prompt, 64);
+    samples.push((performance.now() - t0) * 1000);
+  }
+  return quantiles(samples);
 }
 
 const results = {
@@ -164,6 +183,7 @@ const results = {
   capacity_points: DEFAULT_INFERENCE_CAPACITY,
   decisions: DECISIONS,
   node: process.version,
+  routing_cold_hash_32k_us: routingHashUs(),
   scenarios: [chatScenario(), tokenScenario()],
 };
 process.stdout.write(`${JSON.stringify(results, null, 2)}\n`);

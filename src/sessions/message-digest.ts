@@ -169,17 +169,21 @@ export function chainEnd(prompt: PromptDigest, output: ReturnedOutput): ChainEnd
     if ((output.text ?? "").trim() === "" && (output.toolCalls ?? "") === "") return undefined;
     const digests = prompt.digests.slice();
     stringLanes(outputKey(output), digests);
-    const last = extendBlockHashes(prompt.chain, digests.slice(-2), 2, prompt.seed).at(-1)!;
+    const parent = prompt.chain.at(-1);
+    const last = extendBlockHashes(parent === undefined ? [] : [parent], digests.slice(-2), 2, prompt.seed).at(-1)!;
     return { key: last, units: prompt.chain.length + 1, tail: [] };
   }
   const generated = output.tokens ?? [];
   if (generated.length === 0) return undefined;
   const full = prompt.chain.length * INFERENCE_TOKEN_BLOCK;
   const rest = prompt.tokens.slice(full).concat(generated as number[]);
-  const chain = extendBlockHashes(prompt.chain, rest, INFERENCE_TOKEN_BLOCK, prompt.seed);
+  // Only the last entry is the parent of the next block: the rest of the chain is not copied.
+  const last = prompt.chain.at(-1);
+  const chain = extendBlockHashes(last === undefined ? [] : [last], rest, INFERENCE_TOKEN_BLOCK, prompt.seed);
   if (chain.length === 0) return undefined;
-  const tail = rest.slice((chain.length - prompt.chain.length) * INFERENCE_TOKEN_BLOCK);
-  return { key: chain.at(-1)!, units: chain.length, tail };
+  const added = chain.length - (last === undefined ? 0 : 1);
+  const tail = rest.slice(added * INFERENCE_TOKEN_BLOCK);
+  return { key: chain.at(-1)!, units: prompt.chain.length + added, tail };
 }
 
 /** Whether a prompt continues a chain end found at its `units`-th chain entry: its tokens there begin with the end's tail. */

@@ -54,13 +54,15 @@ interface Chain {
 interface Point {
   chain: Chain;
   tail: readonly number[];
-  /** The call that continued this point first; a second one forks. */
-  continuedBy: PendingCall | undefined;
+  /** The claim of the call that continued this point first (a second one forks); never the call itself, which holds its prompt. */
+  continuedBy: object | undefined;
 }
 
 /** A decided call, until its output is known. */
 export interface PendingCall {
   readonly prompt: PromptDigest;
+  /** What a point it continued holds of it. */
+  readonly claim: object;
   readonly chain: Chain | undefined;
   /** The point it continued (claimed), released when the call fails. */
   claimed: Point | undefined;
@@ -127,14 +129,14 @@ export class SessionInference {
     const found = this.match(prompt);
     if (this.mode === "shadow") return this.shadow(prompt, key!, found);
     if (found === "ambiguous")
-      return { outcome: "ambiguous", pending: { prompt, chain: undefined, claimed: undefined } };
+      return { outcome: "ambiguous", pending: { prompt, claim: {}, chain: undefined, claimed: undefined } };
     if (found === undefined)
-      return { outcome: "new", pending: { prompt, chain: undefined, claimed: undefined } };
+      return { outcome: "new", pending: { prompt, claim: {}, chain: undefined, claimed: undefined } };
     if (found.continuedBy === undefined) {
       const chain = found.chain;
       chain.id ??= this.newId(++this.sessions);
-      const pending: PendingCall = { prompt, chain, claimed: found };
-      found.continuedBy = pending;
+      const pending: PendingCall = { prompt, claim: {}, chain, claimed: found };
+      found.continuedBy = pending.claim;
       return { outcome: "continued", sessionId: chain.id, pending };
     }
     // A second call continuing one point, or a call continuing an earlier point: a child session.
@@ -145,7 +147,7 @@ export class SessionInference {
       outcome: "forked",
       sessionId: child.id!,
       parentId: parent.id,
-      pending: { prompt, chain: child, claimed: undefined },
+      pending: { prompt, claim: {}, chain: child, claimed: undefined },
     };
   }
 
@@ -156,15 +158,17 @@ export class SessionInference {
    */
   settle(pending: PendingCall, output: ReturnedOutput | undefined): void {
     if (output === undefined) {
-      if (pending.claimed?.continuedBy === pending) pending.claimed.continuedBy = undefined;
+      if (pending.claimed?.continuedBy === pending.claim) pending.claimed.continuedBy = undefined;
       pending.claimed = undefined;
       return;
     }
     const end = chainEnd(pending.prompt, output);
     if (end === undefined) {
-      if (pending.claimed?.continuedBy === pending) pending.claimed.continuedBy = undefined;
+      if (pending.claimed?.continuedBy === pending.claim) pending.claimed.continuedBy = undefined;
+      pending.claimed = undefined;
       return;
     }
+    pending.claimed = undefined;
     this.add(end, pending.chain ?? { id: undefined, parent: undefined, key: undefined });
   }
 
@@ -179,7 +183,7 @@ export class SessionInference {
     this.keysSeen.set(key, true);
     if (this.keysSeen.size > this.capacity) this.keysSeen.delete(this.keysSeen.keys().next().value as string);
     const chain: Chain = { id: undefined, parent: undefined, key };
-    const pending: PendingCall = { prompt, chain, claimed: undefined };
+    const pending: PendingCall = { prompt, claim: {}, chain, claimed: undefined };
     if (found === undefined || found === "ambiguous") return { outcome: seen ? "missed" : "agreed", pending };
     return { outcome: found.chain.key === key ? "agreed" : "disagreed", pending };
   }
