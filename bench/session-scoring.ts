@@ -37,7 +37,10 @@ export function scoreSessionInference(
     if (trueSession !== undefined) trueCalls.set(trueSession, (trueCalls.get(trueSession) ?? 0) + 1);
     if (assigned === undefined) continue;
     let counts = members.get(assigned);
-    if (!counts) members.set(assigned, (counts = new Map()));
+    if (!counts) {
+      counts = new Map();
+      members.set(assigned, counts);
+    }
     const key = trueSession ?? "\u0000one-off";
     counts.set(key, (counts.get(key) ?? 0) + 1);
   }
@@ -67,7 +70,10 @@ export function scoreSessionInference(
     precise++;
     if (trueSession === undefined || (members.get(assigned)?.size ?? 0) > 1) continue;
     let per = recovered.get(trueSession);
-    if (!per) recovered.set(trueSession, (per = new Map()));
+    if (!per) {
+      per = new Map();
+      recovered.set(trueSession, per);
+    }
     per.set(assigned, (per.get(assigned) ?? 0) + 1);
   }
   let expected = 0;

@@ -170,7 +170,12 @@ export function chainEnd(prompt: PromptDigest, output: ReturnedOutput): ChainEnd
     const digests = prompt.digests.slice();
     stringLanes(outputKey(output), digests);
     const parent = prompt.chain.at(-1);
-    const last = extendBlockHashes(parent === undefined ? [] : [parent], digests.slice(-2), 2, prompt.seed).at(-1)!;
+    const last = extendBlockHashes(
+      parent === undefined ? [] : [parent],
+      digests.slice(-2),
+      2,
+      prompt.seed,
+    ).at(-1)!;
     return { key: last, units: prompt.chain.length + 1, tail: [] };
   }
   const generated = output.tokens ?? [];
