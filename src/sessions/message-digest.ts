@@ -8,8 +8,8 @@
 import { blockHashes, extendBlockHashes } from "../routing/block-hash.js";
 import type { CallInput, ChatMessage } from "../types.js";
 
-/** Tokens per unit of a token prompt. Small enough that a short output still completes a block. */
-export const INFERENCE_TOKEN_BLOCK = 32;
+/** Tokens per unit of a token prompt: the router's block size (a partial last block is checked token by token). */
+export const INFERENCE_TOKEN_BLOCK = 64;
 
 /**
  * A prompt cut into chained units. `chain[i]` covers units 0…i. A token prompt also keeps its
