@@ -27,7 +27,7 @@ export const resultRowSchema = z.strictObject({
   completed: z.number().int().nonnegative(),
   refused_share: z.number().min(0).max(1),
   rejected: z.record(z.string(), z.number().int().positive()),
-  /** With `--session-keys off` (SPEC 13.2). */
+  /** With `--session-keys off` (docs/routing.md, "Results in the benchmark"). */
   session_inference: z
     .strictObject({
       precision: z.number().min(0).max(1),

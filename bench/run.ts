@@ -62,7 +62,7 @@ export interface ResultRow {
   /** Calls refused for good (after any retries) ÷ calls offered. */
   refused_share: number;
   rejected: Record<string, number>;
-  /** With session keys off: inferred sessions against the workload's true sessions (SPEC 13.2). */
+  /** With session keys off: inferred sessions against the workload's true sessions (docs/routing.md). */
   session_inference?: SessionInferenceScore;
 }
 

@@ -1,5 +1,5 @@
 /**
- * @module How well inferred sessions matched a workload's true sessions (SPEC 13.2's
+ * @module How well inferred sessions matched a workload's true sessions (docs/routing.md's
  * `session_inference`): precision and recall over the calls assigned to a session, and the share
  * of true sessions merged with another.
  */

@@ -22,7 +22,7 @@ describe("message digests", () => {
   it("compare messages without reasoning and without tool-call ids", () => {
     const returned: ChatMessage = {
       role: "assistant",
-      content: "<think>the test imports a missing helper</think>Let me look.",
+      content: "<think>the test imports a missing function</think>Let me look.",
       tool_calls: [
         { id: "call_abc", type: "function", function: { name: "read", arguments: '{"path": "a.ts"}' } },
       ],
