@@ -27,6 +27,16 @@ export const resultRowSchema = z.strictObject({
   completed: z.number().int().nonnegative(),
   refused_share: z.number().min(0).max(1),
   rejected: z.record(z.string(), z.number().int().positive()),
+  /** With `--session-keys off` (docs/routing.md, "Results in the benchmark"). */
+  session_inference: z
+    .strictObject({
+      precision: z.number().min(0).max(1),
+      recall: z.number().min(0).max(1),
+      false_merges: z.number().min(0).max(1),
+      inferred_sessions: z.number().int().nonnegative(),
+      true_sessions: z.number().int().nonnegative(),
+    })
+    .optional(),
 });
 
 /** The whole document; `details` is ours (per-run wall time, leaks, per-lane numbers). */

@@ -7,6 +7,7 @@ import { EngineError, Refusal } from "../src/errors.js";
 import type { AdminState, AdmittedCall, CallRequest } from "../src/types.js";
 import type { LowerBound, StepModel } from "./cost-model.js";
 import { lowerBound } from "./cost-model.js";
+import { type SessionInferenceScore, scoreSessionInference } from "./session-scoring.js";
 import { type CapacitySearch, largestLoadMet, SLO_CAPACITY_SHARE } from "./slo-capacity.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
@@ -61,6 +62,8 @@ export interface ResultRow {
   /** Calls refused for good (after any retries) ÷ calls offered. */
   refused_share: number;
   rejected: Record<string, number>;
+  /** With session keys off: inferred sessions against the workload's true sessions (docs/routing.md). */
+  session_inference?: SessionInferenceScore;
 }
 
 /** Per-group (per-lane for `mixed`) numbers of one run. */
@@ -133,6 +136,12 @@ export interface PolicyRunOptions {
   onProgress?: (line: string) => void;
   /** Stops the run (engines closed, scheduler stopped) and rejects with the signal's reason. */
   signal?: AbortSignal;
+  /**
+   * Whether calls carry their session's key (default true). Off, they carry none (sessions must be
+   * inferred), nobody closes a session (it ends at its idle timeout) and the row reports
+   * `session_inference`.
+   */
+  sessionKeys?: boolean;
 }
 
 /** What happened to one call. */
@@ -172,6 +181,7 @@ function fillerTokens(count: number, salt: number): number[] {
  */
 export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   const { workload, policy, fleet } = options;
+  const sessionKeys = options.sessionKeys ?? true;
   options.signal?.throwIfAborted();
   const wallStart = performance.now();
   const clock = new VirtualClock();
@@ -195,6 +205,8 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   }
   /** Prompt and output of a call whose dependents extend it; dropped once they have. */
   const contexts = new Map<number, number[]>();
+  /** Dependents of a call still to start that extend its context. */
+  const extendersLeft = new Map<number, number>();
   const rejected: Record<string, number> = {};
   const errors: string[] = [];
   let finished = 0;
@@ -210,8 +222,10 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     rejected[reason] = (rejected[reason] ?? 0) + 1;
   };
 
+  /** Keys off: the session the scheduler counted each call in (its last attempt's). */
+  const assigned: (string | undefined)[] = calls.map(() => undefined);
   const settleSession = (call: PlannedCall) => {
-    if (call.sessionId === undefined) return;
+    if (call.sessionId === undefined || !sessionKeys) return;
     const left = (sessionRemaining.get(call.sessionId) ?? 1) - 1;
     sessionRemaining.set(call.sessionId, left);
     if (left === 0) {
@@ -261,7 +275,13 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
       const base = contexts.get(call.after);
       if (!base) throw new Error(`context of ${calls[call.after]!.id} missing`);
       prompt = base.concat(call.newTokens());
-      contexts.delete(call.after);
+      // A context two calls extend (a fork) is kept until the last of them has started.
+      const left = (extendersLeft.get(call.after) ?? 1) - 1;
+      extendersLeft.set(call.after, left);
+      if (left <= 0) {
+        contexts.delete(call.after);
+        extendersLeft.delete(call.after);
+      }
     } else {
       prompt = call.newTokens();
     }
@@ -276,7 +296,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
         maxTokens: call.maxTokens,
         stream: true,
       };
-      if (call.sessionId !== undefined) request.sessionId = call.sessionId;
+      if (call.sessionId !== undefined && sessionKeys) request.sessionId = call.sessionId;
       if (call.declaredLane !== undefined) request.declaredLane = call.declaredLane;
       let admitted: AdmittedCall;
       try {
@@ -293,6 +313,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
         return;
       }
       record.waitMs += clock.now() - waitingSince;
+      if (!sessionKeys) assigned[call.index] = admitted.sessionId;
       let firstTokenAt: number | undefined;
       let tokens = 0;
       const output: number[] = [];
@@ -314,7 +335,11 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
             generated.length < tokens
               ? [...generated, ...fillerTokens(tokens - generated.length, call.index)]
               : [...generated];
-          contexts.set(call.index, prompt.concat(full));
+          contexts.set(call.index, prompt.concat(full.slice(call.dropsOutputTokens ?? 0)));
+          extendersLeft.set(
+            call.index,
+            dependents[call.index]!.filter((next) => calls[next]!.extendsAfter).length,
+          );
         }
       } catch (error) {
         if (!(error instanceof EngineError)) throw error;
@@ -392,6 +417,8 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   sample();
   sampling = false;
   const unfinished = calls.length - finished;
+  // Keys off, no agent could close its session: they are closed here, after the last call, for the leak check.
+  if (!sessionKeys) for (const id of new Set(assigned)) if (id !== undefined) scheduler.closeSession(id);
   await scheduler.stop();
   let idle: PolicyRun["idle"] = null;
   try {
@@ -416,6 +443,11 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     recomputed,
     endMs: clock.now(),
   });
+  if (!sessionKeys) {
+    row.session_inference = scoreSessionInference(
+      calls.map((call, i) => ({ trueSession: call.sessionId, assigned: assigned[i] })),
+    );
+  }
   const ttftS: number[] = [];
   let ttftMet = 0;
   records.forEach((record, i) => {
@@ -737,6 +769,8 @@ export interface BenchOptions {
   signal?: AbortSignal;
   /** Also searches each policy's SLO capacity (trace replays, SPEC 13); runs at `loads` are reused. */
   sloCapacity?: CapacitySearch;
+  /** Whether calls carry their session's key (default true; see `PolicyRunOptions.sessionKeys`). */
+  sessionKeys?: boolean;
 }
 
 /** Runs every policy at every load on the same workload and seed, plus the lower bound. */
@@ -756,6 +790,7 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
       fleet,
       ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
       ...(options.signal ? { signal: options.signal } : {}),
+      ...(options.sessionKeys === false ? { sessionKeys: false } : {}),
       onProgress: progress,
     });
     const r = run.row;

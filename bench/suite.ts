@@ -39,6 +39,10 @@ export interface WorkloadBenchOptions {
    * default grid for trace replays, none for other workloads.
    */
   sloCapacity?: CapacitySearch | false;
+  /** Whether calls carry their session's key (`--session-keys`, default on). */
+  sessionKeys?: boolean;
+  /** Session inference of the scheduler under test (`--infer-sessions`, default on). */
+  inferSessions?: "on" | "off";
 }
 
 /** A finished benchmark and the lines that describe what ran. */
@@ -81,18 +85,30 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
     `workload ${resolved.name}: ${resolved.named?.summary ?? "from file"}`,
     `fleet: ${replicas} × ${presetLabel(preset)}; policies ${policies.join(", ")}; loads ${loads.join(", ")}`,
   ];
+  if (options.sessionKeys === false || options.inferSessions === "off") {
+    describe.push(
+      `session keys ${options.sessionKeys === false ? "off" : "on"}, session inference ${options.inferSessions ?? "on"}`,
+    );
+  }
   const report = await runBench({
     name: resolved.name,
     compile: (load) =>
-      compileWorkload(spec, {
-        name: resolved.name,
-        load,
-        ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
-      }),
+      resolved.named?.build
+        ? resolved.named.build(spec, { name: resolved.name, load })
+        : compileWorkload(spec, {
+            name: resolved.name,
+            load,
+            ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
+          }),
     loads,
     policies,
     replicas,
-    fleet: simFleet(preset, presetLabel(preset)),
+    fleet: simFleet(
+      preset,
+      presetLabel(preset),
+      options.inferSessions === "off" ? { sessions: { infer: "off" } } : {},
+    ),
+    ...(options.sessionKeys === false ? { sessionKeys: false } : {}),
     ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
     ...(options.onProgress ? { onProgress: options.onProgress } : {}),
     ...(options.signal ? { signal: options.signal } : {}),

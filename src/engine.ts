@@ -45,6 +45,11 @@ export interface EngineChunk {
   /** Generated text in this chunk. */
   text: string;
   /**
+   * Tool calls generated in this chunk, as pieces of `name␁arguments` joined by `␂` (no ids):
+   * what the client will send back in its next prompt's assistant message. Optional.
+   */
+  toolCalls?: string;
+  /**
    * The engine's own bytes, forwarded untouched: SSE events of a streaming call, or the whole
    * JSON body of a non-streaming Responses API call.
    */

@@ -37,6 +37,7 @@ import { AdmittedCallImpl, type CallHoldings } from "./scheduler/admitted-call.j
 import { DisaggregatedPath, type HeldCall } from "./scheduler/disaggregated-path.js";
 import { ReplicaRuntime } from "./scheduler/replica-runtime.js";
 import { controlWindow, type WindowControlContext } from "./scheduler/window-controller.js";
+import { digestPrompt } from "./sessions/message-digest.js";
 import { type ResponseOrigin, ResponseOrigins } from "./sessions/response-origins.js";
 import {
   SessionAdmission,
@@ -45,8 +46,10 @@ import {
   type TenantView,
 } from "./sessions/session-admission.js";
 import { checkSessionId } from "./sessions/session-id.js";
+import { type InferenceDecision, SessionInference } from "./sessions/session-inference.js";
 import { scopedSessionId, unscopeSessionId } from "./sessions/session-scope.js";
 import type { SessionDirectory, WindowAuthority } from "./sessions/window-authority.js";
+import { DEFAULT_TENANT } from "./tenants/tenant-ledger.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { PromptTokenizer } from "./tokens/prompt-tokenizer.js";
 import type {
@@ -146,6 +149,8 @@ export class Scheduler {
   private readonly finalSteps = new WeakSet<SessionRecord>();
   /** Responses API: which replica produced each recent response (and in which session). */
   private readonly responseOrigins = new ResponseOrigins();
+  /** Sessions of calls that send no key, inferred from the chain of prompts and returned outputs. */
+  private readonly inference: SessionInference;
   private roundRobin = 0;
   /** What the per-replica window control reads and reports through. */
   private readonly windowContext: WindowControlContext;
@@ -183,6 +188,10 @@ export class Scheduler {
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
+    this.inference = new SessionInference({
+      mode: this.config.sessions.infer,
+      capacity: this.config.sessions.inferCapacity,
+    });
     this.disaggregated = this.disaggregatedPath();
     this.admission = new SessionAdmission({
       clock: this.clock,
@@ -417,6 +426,7 @@ export class Scheduler {
    */
   async submit(req: CallRequest): Promise<AdmittedCall> {
     let lane: LaneClass | undefined;
+    let inferred: InferenceDecision | undefined;
     try {
       req.signal?.throwIfAborted();
       if (!this.accepting) {
@@ -426,12 +436,17 @@ export class Scheduler {
       const maxTokens = req.maxTokens ?? this.config.defaultMaxTokens;
       const origin = req.previousResponseId === undefined ? undefined : this.originOf(req.previousResponseId);
       // A response continues its producer's session for that tenant only; any caller holding the id reaches its replica.
-      const sessionId =
+      const keyed =
         req.sessionId !== undefined
           ? scopedSessionId(req.sessionId, req.tenant)
           : origin?.tenant === req.tenant
             ? origin?.sessionId
             : undefined;
+      inferred = this.inferSession(req, keyed);
+      // Inferred sessions are the tenant's own, as keyed ones are.
+      const sessionId =
+        keyed ??
+        (inferred?.sessionId !== undefined ? scopedSessionId(inferred.sessionId, req.tenant) : undefined);
       const session = sessionId === undefined ? undefined : await this.sessionFor(sessionId, req);
       if (session && req.finalStep) this.finalSteps.add(session);
       const contextWindow = this.contextWindow(model);
@@ -476,7 +491,7 @@ export class Scheduler {
         );
       }
       this.checkOverloadStage(lane, req.priority ?? 0);
-      return await this.admit(req, {
+      const call = await this.admit(req, {
         model,
         tokens,
         maxTokens,
@@ -484,8 +499,15 @@ export class Scheduler {
         session,
         ...(origin ? { boundReplica: origin.replica } : {}),
       });
+      const pending = inferred?.pending;
+      if (call instanceof AdmittedCallImpl) {
+        if (inferred?.sessionId !== undefined && keyed === undefined) call.sessionInferred = true;
+        if (pending) call.observeOutput((output) => this.inference.settle(pending, output));
+      } else if (pending) this.inference.settle(pending, undefined);
+      return call;
     } catch (error) {
-      // A hint from another frontend is for this session's first admission only.
+      if (inferred?.pending) this.inference.settle(inferred.pending, undefined);
+      // A hint from another frontend (or a fork's parent) is for this session's first admission only.
       if (req.sessionId !== undefined) {
         const id = scopedSessionId(req.sessionId, req.tenant);
         this.pinHints.delete(id);
@@ -493,6 +515,8 @@ export class Scheduler {
         const open = this.admission.get(id);
         if (open) this.finalSteps.delete(open);
       }
+      if (inferred?.outcome === "forked" && inferred.sessionId !== undefined)
+        this.pinHints.delete(scopedSessionId(inferred.sessionId, req.tenant));
       if (error instanceof Refusal) {
         const refusal = error.lane || !lane ? error : error.with({ lane });
         this.rejections[refusal.reason] = (this.rejections[refusal.reason] ?? 0) + 1;
@@ -1040,6 +1064,29 @@ export class Scheduler {
       );
     }
     return model;
+  }
+
+  /**
+   * The inference's decision for a call (docs/routing.md): with `on`, a call without a key that
+   * continues a recent call's prompt and output gets that session; a fork is placed beside its parent.
+   */
+  private inferSession(req: CallRequest, key: string | undefined): InferenceDecision | undefined {
+    if (this.inference.mode === "off") return undefined;
+    const reads = this.inference.mode === "shadow" ? key !== undefined : key === undefined;
+    // Chains are the tenant's own: one tenant's prompts never continue another's.
+    const digest = reads ? digestPrompt(req.input, req.tenant || DEFAULT_TENANT) : undefined;
+    const decision = this.inference.decide(digest, key);
+    this.emit("inference", { outcome: decision.outcome });
+    if (
+      decision.outcome === "forked" &&
+      decision.parentId !== undefined &&
+      decision.sessionId !== undefined
+    ) {
+      const parent = this.admission.get(scopedSessionId(decision.parentId, req.tenant));
+      if (parent?.replica && this.byId.has(parent.replica))
+        this.pinHints.set(scopedSessionId(decision.sessionId, req.tenant), parent.replica);
+    }
+    return decision;
   }
 
   /**

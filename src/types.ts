@@ -1,6 +1,7 @@
 /** @module Shared vocabulary of the scheduler's API: calls, sessions, lanes, state snapshots, events. */
 
 import type { CallEndpoint, EngineChunk, EngineResult } from "./engine.js";
+import type { InferenceOutcome } from "./sessions/session-inference.js";
 
 /** A lane a call runs in. */
 export type Lane = "interactive" | "bulk";
@@ -77,6 +78,8 @@ export interface AdmittedCall extends AsyncIterable<EngineChunk> {
   readonly inputTokens: number;
   readonly maxTokens: number;
   readonly sessionId: string | undefined;
+  /** Whether `sessionId` was inferred from the prompt (the client named no session). */
+  readonly sessionInferred?: boolean;
   /** Settles when the call ends; rejects with `EngineError` when the engine failed. */
   readonly result: Promise<EngineResult>;
   /** Cancels the call (upstream included) and releases what it holds. Idempotent. */
@@ -305,6 +308,8 @@ export interface SchedulerEvents {
   }): void;
   /** The overload stage changed, and why (the p95 interactive gate queue age of the window that moved it). */
   stage?(e: { from: OverloadStage; to: OverloadStage; cause: string }): void;
+  /** What session inference made of a call (docs/routing.md), once per call it saw. */
+  inference?(e: { outcome: InferenceOutcome }): void;
   /** A replica became healthy or unhealthy at a control tick, and why; one unhealthy from the start is reported once too. */
   health?(e: { replica: string; healthy: boolean; cause: string }): void;
 }

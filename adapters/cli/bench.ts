@@ -108,6 +108,22 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     help: "seed of the workload",
   }),
   defineSetting({
+    flag: "session-keys",
+    path: "sessionKeys",
+    topic: RUN,
+    schema: z.enum(["on", "off"]).default("on"),
+    env: null,
+    help: "off: the workload's calls carry no session key, so sessions must be inferred; rows then report session_inference",
+  }),
+  defineSetting({
+    flag: "infer-sessions",
+    path: "inferSessions",
+    topic: RUN,
+    schema: z.enum(["on", "off"]).default("on"),
+    env: null,
+    help: "session inference of the scheduler under test (docs/routing.md)",
+  }),
+  defineSetting({
     flag: "json",
     path: "json",
     topic: OUTPUT,
@@ -165,6 +181,8 @@ interface BenchFlags {
   sloCapacity?: "auto" | "on" | "off";
   capacityGrid?: number[];
   seed?: number;
+  sessionKeys?: "on" | "off";
+  inferSessions?: "on" | "off";
   json?: string;
   html?: string;
   svg?: string;
@@ -209,6 +227,8 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
     ...(flags.loads !== undefined ? { loads: flags.loads } : {}),
     ...(flags.seed !== undefined ? { seed: flags.seed } : {}),
     ...(sloCapacity !== undefined ? { sloCapacity } : {}),
+    ...(flags.sessionKeys === "off" ? { sessionKeys: false } : {}),
+    ...(flags.inferSessions === "off" ? { inferSessions: "off" as const } : {}),
     ...(flags.quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
   };
   // Ctrl-C stops the run cleanly (engines closed) instead of killing it mid-write.

@@ -89,6 +89,9 @@ const TENANT_NAME = /^[A-Za-z0-9._:@/-]{1,128}$/;
 /** Default of `streamStallTimeoutMs`. */
 export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
 
+/** Where the session a call was counted in came from (`x-sluice-session-source`). */
+type SessionSource = "header" | "body" | "inferred";
+
 /** What the HTTP layer learns about one request as it goes, for its refusal headers and its log line. */
 interface RequestFacts {
   startedAt: number;
@@ -100,6 +103,8 @@ interface RequestFacts {
   session?: string;
   /** The caller's tenant (its API key's; `default` without one): the session above is that tenant's. */
   tenant?: string;
+  /** Where `session` came from (the `x-sluice-session-source` header); undefined with no session. */
+  sessionSource?: SessionSource;
   rate?: RateStanding;
 }
 
@@ -374,6 +379,15 @@ export function createApp(options: AppOptions): SluiceApp {
     c.set("facts", { startedAt: clock.now() });
     await next();
     c.res.headers.set("x-request-id", id);
+    // Every response names the session it was counted in (docs/routing.md), refusals included.
+    if (!c.res.headers.has("x-sluice-session-source")) {
+      const { session, sessionSource } = c.get("facts");
+      if (session !== undefined) c.res.headers.set("x-sluice-session", session);
+      c.res.headers.set(
+        "x-sluice-session-source",
+        session !== undefined ? (sessionSource ?? "header") : "none",
+      );
+    }
     const rate = c.get("facts").rate;
     if (rate)
       for (const [name, value] of Object.entries(rateLimitHeaders(rate))) c.res.headers.set(name, value);
@@ -625,6 +639,7 @@ export function createApp(options: AppOptions): SluiceApp {
         : {}),
     });
     const sessionId = pathSession ?? named.key;
+    // The key's own source until admission says otherwise (an inferred session, or the one a response continues).
     const sessionSource: SessionKeySource = pathSession !== undefined ? "header" : named.source;
 
     const end = tracker.begin();
@@ -666,6 +681,7 @@ export function createApp(options: AppOptions): SluiceApp {
     const facts = c.get("facts");
     facts.tenant = tenant;
     if (sessionId !== undefined) facts.session = sessionId;
+    if (sessionId !== undefined && sessionSource !== "none") facts.sessionSource = sessionSource;
     facts.submittedAt = clock.now();
     let call: AdmittedCall;
     try {
@@ -686,6 +702,18 @@ export function createApp(options: AppOptions): SluiceApp {
     if (signal.aborted) onAbort();
     facts.replica = call.replica;
     facts.lane = call.lane;
+    if (call.sessionId !== undefined) {
+      facts.session = call.sessionId;
+      // A session named by neither header nor body came from the prompt, or from the response it continues.
+      facts.sessionSource = call.sessionInferred
+        ? "inferred"
+        : sessionSource === "none"
+          ? "body"
+          : sessionSource;
+    } else {
+      delete facts.session;
+      delete facts.sessionSource;
+    }
     const model = shape.model ?? scheduler.models()[0] ?? "unknown";
     call.result.then(
       (result) => {
@@ -706,7 +734,7 @@ export function createApp(options: AppOptions): SluiceApp {
           status: 200,
           lane: call.lane,
           replica: call.replica,
-          session: sessionId,
+          session: facts.session,
           queueMs: call.queueMs,
           durationMs,
         });
@@ -726,10 +754,9 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-replica": call.replica,
       "x-sluice-queue-ms": String(Math.round(call.queueMs)),
       "x-sluice-tenant": tenant,
-      // The session the call was counted in and where its key came from (`docs/clients.md`).
-      "x-sluice-session-source": sessionId !== undefined ? sessionSource : "none",
+      "x-sluice-session-source": facts.sessionSource ?? "none",
     };
-    if (sessionId !== undefined) headers["x-sluice-session"] = sessionId;
+    if (facts.session !== undefined) headers["x-sluice-session"] = facts.session;
 
     if (stream) {
       const sse = sseStream({

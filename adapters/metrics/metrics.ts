@@ -521,7 +521,17 @@ export function createMetrics(
     registers: [registry],
   });
 
+  const inference = new Counter({
+    name: "sluice_session_inference_total",
+    help: "Calls seen by session inference, by outcome (on: continued, forked, new, ambiguous, keyed, unsupported; shadow: agreed, disagreed, missed, unkeyed).",
+    labelNames: ["outcome"],
+    registers: [registry],
+  });
+
   const events: SchedulerEvents = {
+    inference(e) {
+      inference.inc({ outcome: e.outcome });
+    },
     wastedPrefill(e) {
       wastedPrefill.inc({ replica: e.replica }, Math.max(0, e.tokens));
       refusedAfterPrefill.inc({ reason: e.reason });

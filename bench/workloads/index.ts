@@ -4,10 +4,11 @@ import { existsSync } from "node:fs";
 import { basename, dirname, resolve } from "node:path";
 import type { StepModel } from "../cost-model.js";
 import { callWorkMs } from "../cost-model.js";
+import { buildAdversarialWorkload } from "./adversarial.js";
 import { buildAgentsWorkload } from "./agents.js";
 import { buildMixedWorkload } from "./mixed.js";
 import { buildMooncakeWorkload } from "./mooncake-replay.js";
-import type { MixedSpec, WorkloadSpec } from "./schema.js";
+import type { AgentsSpec, MixedSpec, WorkloadSpec } from "./schema.js";
 import { parseWorkloadSpec, readWorkloadFile, WorkloadError } from "./schema.js";
 import type { Workload } from "./types.js";
 
@@ -24,6 +25,8 @@ export interface NamedWorkload {
   preset: string;
   loads: number[];
   spec(fleet: FleetContext): WorkloadSpec;
+  /** Built from its spec by a builder of its own rather than by the spec's kind (built-in only). */
+  build?(spec: WorkloadSpec, options: { name: string; load: number }): Workload;
 }
 
 const AGENTS = {
@@ -225,6 +228,28 @@ export const NAMED_WORKLOADS: Record<string, NamedWorkload> = {
     preset: "h100-llama3-8b",
     loads: [1, 1.5, 2],
     spec: (fleet) => mixedAtCapacity(fleet),
+  },
+  adversarial: {
+    summary:
+      "32 agent sessions with identical openers on 1 replica: forks, dropped reasoning, compacted histories (for --session-keys off)",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () =>
+      parseWorkloadSpec(
+        {
+          kind: "agents",
+          sessions: 32,
+          steps: [8, 8],
+          system_prompt_tokens: 2000,
+          tool_output_tokens: [100, 1500],
+          output_tokens: [64, 256],
+          tool_wait_s: [1, 5],
+          seed: 1,
+        },
+        "adversarial",
+      ),
+    build: (spec, options) => buildAdversarialWorkload(spec as AgentsSpec, options),
   },
   mooncake: {
     summary: "replay of the whole Mooncake conversation trace (12,031 requests, ~1 h) on 4 replicas",

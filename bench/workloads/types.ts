@@ -40,6 +40,11 @@ export interface PlannedCall {
   promptTokens: number;
   /** Prompt tokens an ideal prefix cache could already hold when this call starts (for the lower bound). */
   cachedAtBest: number;
+  /**
+   * The client sends this call's output back without its first n generated tokens (reasoning it
+   * drops from the history). Default 0.
+   */
+  dropsOutputTokens?: number;
   /** Requested (and, in the simulator, generated) output tokens. */
   maxTokens: number;
   slo: Slo;

@@ -9,6 +9,7 @@
 import { z } from "zod";
 import { DEFAULT_LANE_LIMITS } from "../budget/classify-lane.js";
 import { DEFAULT_AIMD_OPTIONS } from "../sessions/aimd-window.js";
+import { DEFAULT_INFERENCE_CAPACITY, INFERENCE_MODES } from "../sessions/session-inference.js";
 import { DEFAULT_STALE_AFTER_MS } from "../signals/staleness.js";
 import {
   DEFAULT_GUARD_BAND_FRACTION,
@@ -143,6 +144,10 @@ export const schedulerConfigSchema = z.strictObject({
       waitLimitMs: ms.default(DEFAULT_SESSIONS.waitLimitMs),
       staleSignals: z.enum(["closed", "open"]).default("closed"),
       staleAfterMs: z.number().positive().default(DEFAULT_STALE_AFTER_MS),
+      /** Inferred sessions for calls without a key (docs/routing.md): `on`, `shadow` (report only) or `off`. */
+      infer: z.enum(INFERENCE_MODES).default("on"),
+      /** Chain points the inference remembers (LRU), ~250 bytes each. */
+      inferCapacity: positiveInt.default(DEFAULT_INFERENCE_CAPACITY),
     })
     .prefault({}),
   routing: z

@@ -174,6 +174,18 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     help: "signals older than 5 s: closed refuses new sessions, open admits anyway",
   }),
   configSetting({
+    flag: "infer-sessions",
+    field: "sessions.infer",
+    topic: TOPICS.sessions,
+    help: "sessions for calls without a key, inferred from the chain of prompts and returned outputs: on, shadow (report agreement with keys only) or off",
+  }),
+  configSetting({
+    flag: "infer-sessions-capacity",
+    field: "sessions.inferCapacity",
+    topic: TOPICS.sessions,
+    help: "chain points the session inference remembers (LRU; ~250 bytes each)",
+  }),
+  configSetting({
     flag: "window-hold-within-capacity",
     field: "window.holdWithinCapacity",
     topic: TOPICS.tokenWindow,

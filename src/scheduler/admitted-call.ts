@@ -1,6 +1,7 @@
 /** @module An admitted call: the engine stream with every hold it took attached, released exactly once. */
 
 import type { EngineChunk, EngineResult, EngineStream } from "../engine.js";
+import type { ReturnedOutput } from "../sessions/message-digest.js";
 import type { AdmittedCall, CallOutcome, Lane } from "../types.js";
 
 /** What a call holds from admission to its end, and how to give each back. */
@@ -48,7 +49,14 @@ export class AdmittedCallImpl implements AdmittedCall {
   private readonly outputTokens: number[] = [];
   private sawFirstToken = false;
   private finished = false;
+  private finishedOutcome: CallOutcome | undefined;
   private iterated = false;
+  /** Whether the session was inferred from the prompt rather than named by the client. */
+  sessionInferred = false;
+  /** Told once what the consumer received in full, or undefined when it did not (see `observeOutput`). */
+  private outputObserver: ((output: ReturnedOutput | undefined) => void) | undefined;
+  private outputText = "";
+  private toolCallText = "";
 
   constructor(init: AdmittedCallInit) {
     this.requestId = init.requestId;
@@ -79,7 +87,28 @@ export class AdmittedCallImpl implements AdmittedCall {
     return this.iterate();
   }
 
+  /**
+   * Tells `observer` once what was returned: the generated tokens, text and tool calls when the
+   * consumer iterated the whole stream of a call that completed; undefined when the call failed,
+   * was cancelled or the consumer stopped early (what the client holds is then not known).
+   */
+  observeOutput(observer: (output: ReturnedOutput | undefined) => void): void {
+    if (this.finished && this.finishedOutcome !== "ok") {
+      observer(undefined);
+      return;
+    }
+    this.outputObserver = observer;
+  }
+
+  private tellOutput(output: ReturnedOutput | undefined): void {
+    const observer = this.outputObserver;
+    if (observer === undefined) return;
+    this.outputObserver = undefined;
+    observer(output);
+  }
+
   cancel(): void {
+    this.tellOutput(undefined);
     if (this.finished) return;
     this.abort.abort(new DOMException("the call was cancelled", "AbortError"));
     this.finish("cancelled", undefined);
@@ -94,11 +123,31 @@ export class AdmittedCallImpl implements AdmittedCall {
           this.holdings.generated?.(chunk.tokenCount);
         }
         for (const token of chunk.tokens) this.outputTokens.push(token);
+        if (this.outputObserver !== undefined) {
+          this.outputText += chunk.text;
+          if (chunk.toolCalls !== undefined) this.toolCallText += chunk.toolCalls;
+        }
         if (chunk.responseId !== undefined) this.holdings.responded?.(chunk.responseId);
         yield chunk;
       }
       completed = true;
+      if (this.outputObserver !== undefined) {
+        this.result.then(
+          (result) =>
+            this.tellOutput(
+              result.finishReason === "error" || result.finishReason === "abort"
+                ? undefined
+                : {
+                    tokens: result.outputTokens ?? this.outputTokens,
+                    text: this.outputText,
+                    toolCalls: this.toolCallText,
+                  },
+            ),
+          () => this.tellOutput(undefined),
+        );
+      }
     } catch (error) {
+      this.tellOutput(undefined);
       this.finish(this.abort.signal.aborted ? "cancelled" : "error", undefined);
       throw error;
     } finally {
@@ -114,8 +163,10 @@ export class AdmittedCallImpl implements AdmittedCall {
   }
 
   private finish(outcome: CallOutcome, result: EngineResult | undefined): void {
+    if (outcome !== "ok") this.tellOutput(undefined);
     if (this.finished) return;
     this.finished = true;
+    this.finishedOutcome = outcome;
     this.holdings.finish(outcome, result, result?.outputTokens ?? this.outputTokens);
   }
 }

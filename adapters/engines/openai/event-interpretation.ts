@@ -60,6 +60,8 @@ export function usageOf(
 /** What one parsed event says about generation. */
 export interface EventInfo {
   text: string;
+  /** Tool-call pieces of choice 0 (`name␁arguments`, calls joined by `␂`), for session inference. */
+  toolCalls: string;
   tokens: number[];
   tokenCount: number;
   generated: boolean;
@@ -74,6 +76,7 @@ export interface EventInfo {
 export function inspect(payload: Record<string, unknown>): EventInfo {
   const info: EventInfo = {
     text: "",
+    toolCalls: "",
     tokens: [],
     tokenCount: 0,
     generated: false,
@@ -97,7 +100,10 @@ export function inspect(payload: Record<string, unknown>): EventInfo {
       // Reasoning and tool-call deltas are generated tokens too; a role-only delta is not.
       const reasoning = delta.reasoning_content ?? delta.reasoning;
       if (typeof reasoning === "string" && reasoning !== "") generated = true;
-      if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0) generated = true;
+      if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0) {
+        generated = true;
+        if (index === 0) info.toolCalls += toolCallPieces(delta.tool_calls);
+      }
     }
     if (piece !== "") generated = true;
     if ((choice.index ?? 0) === 0) info.text += piece;
@@ -119,6 +125,23 @@ export function inspect(payload: Record<string, unknown>): EventInfo {
   }
   info.usageOnly = choices.length === 0 && info.usage !== undefined;
   return info;
+}
+
+/**
+ * A streamed tool-call delta as pieces of `name␁arguments` (ids left out): a call's first delta
+ * names its function, later ones append to its arguments; each call after the first is preceded
+ * by `␂`, so the pieces of a whole stream join into what `toolCallsText` makes of the message.
+ */
+function toolCallPieces(calls: unknown[]): string {
+  let out = "";
+  for (const call of calls) {
+    if (!isRecord(call)) continue;
+    const fn = isRecord(call.function) ? call.function : undefined;
+    const position = typeof call.index === "number" ? call.index : 0;
+    if (typeof fn?.name === "string") out += `${position > 0 ? "\u0002" : ""}${fn.name}\u0001`;
+    if (typeof fn?.arguments === "string") out += fn.arguments;
+  }
+  return out;
 }
 
 /** Whether the client itself asked for the usage event (sluice asks the upstream for it anyway). */

@@ -80,6 +80,7 @@ export function inspectResponsesEvent(payload: Record<string, unknown>): Respons
   const response = isRecord(payload.response) ? payload.response : undefined;
   const info: ResponsesEventInfo = {
     text: "",
+    toolCalls: "",
     tokens: [],
     tokenCount: 0,
     generated: false,

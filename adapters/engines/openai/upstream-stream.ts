@@ -8,6 +8,7 @@ import type {
   FinishReason,
 } from "../../../src/engine.js";
 import { EngineError } from "../../../src/errors.js";
+import { toolCallsText } from "../../../src/sessions/message-digest.js";
 import { CallStop, stopCause } from "./call-stop.js";
 import { upstreamErrorOf } from "./error-mapping.js";
 import { clientAskedForUsage, inspect, mapFinish, type Usage, usageOf } from "./event-interpretation.js";
@@ -245,6 +246,7 @@ export class UpstreamStream implements EngineStream {
       text: info.text,
       event: payload,
     };
+    if (info.toolCalls !== "") chunk.toolCalls = info.toolCalls;
     if (namedId !== undefined) chunk.responseId = namedId;
     if (raw) chunk.raw = raw;
     else if (!info.generated && info.finish === undefined && namedId === undefined) return undefined;
@@ -290,7 +292,8 @@ export class UpstreamStream implements EngineStream {
     const tokenCount = this.usage?.completion ?? (out === "" ? 0 : 1);
     this.counted = tokenCount;
     this.resolveFirst();
-    yield { tokens: [], tokenCount, text: out, event: payload };
+    const toolCalls = toolCallsText(message?.tool_calls);
+    yield { tokens: [], tokenCount, text: out, event: payload, ...(toolCalls !== "" ? { toolCalls } : {}) };
     this.succeed(this.finish ?? "stop");
   }
 
