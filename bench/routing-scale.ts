@@ -6,11 +6,14 @@
  * Scenarios: `typical` — every replica holds the shared 2,000-token system prompt and its own
  * sessions up to its capacity, and the session under test ran its previous 30,000-token step on
  * replica r3; `worst` — a 30,000-token prefix is held on every replica (on top of their own
- * sessions), so every replica matches 469 blocks. Decisions: a new session (no pin) and a pinned
+ * sessions), so every replica matches 469 blocks; `staggered` — the same 30,000-token prefix, held
+ * whole by r0 and by every other replica cut at its own random depth (as LRU eviction leaves a
+ * popular prefix across a fleet), so prefixes end at nearly every block of the walk. Decisions: a new session (no pin) and a pinned
  * step on r3, with cold hashes (the whole prompt hashed) and incremental ones (only the blocks
  * after the previous step's hashes).
  *
- * Run: `npx tsx bench/routing-scale.ts [--replicas 8,64,256,1024] [--quick]`; writes
+ * Run: `npx tsx bench/routing-scale.ts [--replicas 8,64,256,1024] [--scenarios typical,worst,staggered]
+ * [--quick]`; writes
  * bench/results/routing-scale.json.
  */
 
@@ -23,6 +26,7 @@ import { blockHashes, blockHashesFrom } from "../src/routing/block-hash.js";
 import { FleetPrefixIndex } from "../src/routing/fleet-prefix-index.js";
 import { choosePlacement, type PlacementCandidate } from "../src/routing/placement.js";
 import { PrefixIndex } from "../src/routing/prefix-index.js";
+import { PerReplicaIndexes } from "./per-replica-index.js";
 
 const BLOCK = 64;
 /** h100-llama3-8b: 439k tokens of KV, in router blocks. */
@@ -99,7 +103,7 @@ interface Prompt {
 }
 
 interface Scenario {
-  name: "typical" | "worst";
+  name: "typical" | "worst" | "staggered";
   /** Blocks every replica holds in common (the head of the prompt). */
   sharedBlocks: number;
 }
@@ -131,19 +135,33 @@ function fillReplica(
   for (const chain of last) record(chain);
 }
 
+/**
+ * The blocks of the shared prefix each replica holds on top of its own sessions: none (typical),
+ * all of them (worst), or for staggered all on r0 and a random depth of at least 1 elsewhere.
+ */
+function sharedDepths(replicas: number, scenario: Scenario, shared: readonly string[]): number[] {
+  const random = rng(replicas * 13 + 1);
+  return Array.from({ length: replicas }, (_, i) => {
+    if (scenario.name === "typical") return 0;
+    if (scenario.name === "worst" || i === 0) return shared.length;
+    return 1 + Math.floor(random() * (shared.length - 1));
+  });
+}
+
 function measureFleet(replicas: number, scenario: Scenario, iterations: number) {
   const random = rng(replicas * 7 + scenario.sharedBlocks);
   const { prompt, shared } = buildPrompt(scenario, random);
   const system = scenario.name === "typical" ? shared : [];
+  const depths = sharedDepths(replicas, scenario, shared);
   gc();
   const before = process.memoryUsage();
   const buildStart = performance.now();
   const index = new FleetPrefixIndex({ capacityBlocks: () => CAPACITY_BLOCKS });
   for (let i = 0; i < replicas; i++) {
     const id = `r${i}`;
-    const last = scenario.name === "worst" ? [shared] : [];
-    if (id === PINNED) last.push(prompt.previousHashes);
-    const fill = CAPACITY_BLOCKS - system.length - (scenario.name === "worst" ? shared.length : 0);
+    const last = depths[i]! > 0 ? [shared.slice(0, depths[i])] : [];
+    if (id === PINNED && scenario.name !== "staggered") last.push(prompt.previousHashes);
+    const fill = CAPACITY_BLOCKS - system.length - depths[i]!;
     fillReplica((hashes) => index.record(id, hashes), system, fill - (id === PINNED ? 500 : 0), last);
   }
   const buildMs = performance.now() - buildStart;
@@ -179,6 +197,7 @@ function measureFleet(replicas: number, scenario: Scenario, iterations: number) 
     decision_new_session: { replica: check?.replica, reason: check?.reason },
     decision_pinned: { replica: pinnedCheck?.replica, reason: pinnedCheck?.reason },
     match_only_us: latency(iterations, () => index.match(prompt.hashes)),
+    hash_and_match_us: latency(iterations, () => index.match(blockHashes(prompt.tokens, BLOCK))),
     new_session_cold_us: latency(iterations, () => decide(blockHashes(prompt.tokens, BLOCK))),
     new_session_incremental_us: latency(iterations, () =>
       decide(blockHashesFrom(prompt.previousHashes, prompt.tokens, BLOCK)),
@@ -198,26 +217,26 @@ function measureFleet(replicas: number, scenario: Scenario, iterations: number) 
 function measurePerReplica(replicas: number, scenario: Scenario, iterations: number) {
   const random = rng(replicas * 7 + scenario.sharedBlocks);
   const { prompt, shared } = buildPrompt(scenario, random);
-  const candidates = candidatesFor(replicas).map((c) => {
-    const index = new PrefixIndex(CAPACITY_BLOCKS);
-    index.record(shared);
-    if (c.id === PINNED) index.record(prompt.previousHashes);
-    return { ...c, index };
-  });
+  const depths = sharedDepths(replicas, scenario, shared);
+  const candidates = candidatesFor(replicas);
+  const indexes = new PerReplicaIndexes(() => CAPACITY_BLOCKS);
+  for (const [i, c] of candidates.entries()) {
+    const index = indexes.of(c.id);
+    index.record(scenario.name === "typical" ? shared : shared.slice(0, depths[i]));
+    if (c.id === PINNED && scenario.name !== "staggered") index.record(prompt.previousHashes);
+  }
   const decide = (hashes: readonly string[], pinned?: string) =>
     choosePlacement({
       promptTokens: prompt.tokens.length,
       hashes,
       pinned,
       candidates,
+      fleetIndex: indexes,
       blockSize: BLOCK,
       usePrefix: true,
     });
-  const scoreAll = (hashes: readonly string[]) => {
-    for (const c of candidates) c.index.matchBlocks(hashes);
-  };
   return {
-    match_all_us: latency(iterations, () => scoreAll(prompt.hashes)),
+    match_all_us: latency(iterations, () => indexes.match(prompt.hashes)),
     new_session_cold_us: latency(iterations, () => decide(blockHashes(prompt.tokens, BLOCK))),
   };
 }
@@ -240,10 +259,14 @@ const args = process.argv.slice(2);
 const replicaArg = args.indexOf("--replicas");
 const fleetSizes = replicaArg >= 0 ? args[replicaArg + 1]!.split(",").map(Number) : [8, 64, 256, 1024];
 const quick = args.includes("--quick");
-const scenarios: Scenario[] = [
-  { name: "typical", sharedBlocks: Math.floor(2000 / BLOCK) },
-  { name: "worst", sharedBlocks: Math.floor(30_000 / BLOCK) },
-];
+const scenarioArg = args.indexOf("--scenarios");
+const scenarios: Scenario[] = (
+  [
+    { name: "typical", sharedBlocks: Math.floor(2000 / BLOCK) },
+    { name: "worst", sharedBlocks: Math.floor(30_000 / BLOCK) },
+    { name: "staggered", sharedBlocks: Math.floor(30_000 / BLOCK) },
+  ] satisfies Scenario[]
+).filter((s) => scenarioArg < 0 || args[scenarioArg + 1]!.split(",").includes(s.name));
 
 const hashRandom = rng(5);
 const hashPrompt = tokenIds(32_000, hashRandom);
@@ -273,9 +296,9 @@ for (const replicas of fleetSizes) {
       per_replica: perReplica,
     };
     console.log(
-      `${key.padEnd(13)} new cold p50 ${fleet.new_session_cold_us.p50} µs (per-replica ${perReplica.new_session_cold_us.p50}), ` +
+      `${key.padEnd(15)} new cold p50 ${fleet.new_session_cold_us.p50} µs (per-replica ${perReplica.new_session_cold_us.p50}), ` +
         `incremental ${fleet.new_session_incremental_us.p50}, pinned ${fleet.pinned_step_incremental_us.p50} ` +
-        `(cold ${fleet.pinned_step_cold_us.p50}), match ${fleet.match_only_us.p50}; ` +
+        `(cold ${fleet.pinned_step_cold_us.p50}), match ${fleet.match_only_us.p50}, hash+match ${fleet.hash_and_match_us.p50}; ` +
         `${fleet.entries} entries, ${fleet.index_allocated_bytes_per_entry} B/entry allocated, build ${fleet.build_ms} ms`,
     );
     gc();
@@ -308,6 +331,26 @@ function targets(): Record<string, { goal: string; measured: number | null; met:
     worst_1024_cold: check(
       "≤ 400 µs",
       at("worst_1024", (f) => f.new_session_cold_us.p50),
+      400,
+    ),
+    staggered_256_match: check(
+      "≤ 50 µs",
+      at("staggered_256", (f) => f.match_only_us.p50),
+      50,
+    ),
+    staggered_256_match_vs_8: check(
+      "≤ 2 × the 8-replica match",
+      at("staggered_256", (f) => f.match_only_us.p50),
+      2 * (at("staggered_8", (f) => f.match_only_us.p50) ?? Number.NaN),
+    ),
+    staggered_256_hash_and_match: check(
+      "≤ 150 µs",
+      at("staggered_256", (f) => f.hash_and_match_us.p50),
+      150,
+    ),
+    staggered_1024_cold: check(
+      "≤ 400 µs",
+      at("staggered_1024", (f) => f.new_session_cold_us.p50),
       400,
     ),
     pinned_step_any_size: check("≤ 50 µs (incremental hashes)", pinned, 50),

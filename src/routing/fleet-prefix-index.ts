@@ -108,8 +108,8 @@ function grownInt32(old: Int32Array<ArrayBuffer>, length: number): Int32Array<Ar
  *
  * Holder lists: each entry counts the children of its node its replica holds, and a node lists
  * its holders with the leaves (no child held) first. Where the walk finds fewer holders than at
- * the parent, the leaves of the parent all stop there; only holders that branch elsewhere are
- * probed. So a match costs the blocks walked plus the replicas it returns, in every fleet where
+ * the parent, the leaves of the parent all stop there; the other holders are checked against
+ * the child's only when some of them stop too. So a match costs the blocks walked plus the replicas it returns, in every fleet where
  * prefixes end by eviction (docs/routing.md).
  *
  * Tiers: a replica's LRU list is its GPU entries, then (from `hostHead`) its host entries. A parent
@@ -162,6 +162,10 @@ export class FleetPrefixIndex {
   private readonly internRefs: number[] = [];
   private readonly internFree: number[] = [];
 
+  /** Scratch for `stopAt`: per replica slot, the stamp of the last check that saw it hold the child. */
+  private stamps = new Int32Array(64);
+  private stamp = 0;
+
   /** Scratch for `match` and `matchReplica`: the nodes of the walked path. */
   private path = new Int32Array(256);
 
@@ -207,8 +211,8 @@ export class FleetPrefixIndex {
   /**
    * Every replica's longest unbroken prefix of `hashes`, in blocks; replicas with none are left
    * out. One walk down the tree: where a node has fewer holders than its parent, the parent's
-   * leaf holders stop there, and its other holders are probed only while some that stop remain
-   * unfound (docs/routing.md).
+   * leaf holders stop there, and its other holders are checked against the node's only while
+   * some that stop remain unfound (docs/routing.md).
    *
    * With `gpuBlocks`, also sets there, for every replica in the result, how many blocks of its
    * prefix are in GPU memory (the rest only in host memory): a bisection of its prefix, only for
@@ -247,8 +251,8 @@ export class FleetPrefixIndex {
 
   /**
    * Sets `depth` in `result` for the `stopping` holders of `parent` that do not hold its child
-   * `node`: every leaf holder (listed first), then holders with other children, probed until
-   * all are found.
+   * `node`: every leaf holder (listed first); then, when some stop that hold other children, the
+   * holders of `node` are stamped and the parent's remaining holders checked against the stamps.
    */
   private stopAt(parent: number, node: number, stopping: number, depth: number, result: Map<string, number>) {
     const children = this.entryChildren;
@@ -259,13 +263,31 @@ export class FleetPrefixIndex {
       result.set(this.replicaName[this.entryReplica[e]!]!, depth);
       left--;
     }
+    if (left === 0) return;
+    // The holders of `node` all have children at `parent`, so they are among those left: a stamp
+    // each costs less than probing the entry table for every one of them.
+    const stamp = this.nextStamp();
+    const stamps = this.stamps;
+    for (let h = this.nodeHolders[node]!; h !== NONE; h = next[h]!) stamps[this.entryReplica[h]!] = stamp;
     for (; left > 0 && e !== NONE; e = next[e]!) {
       const r = this.entryReplica[e]!;
-      if (this.entries.find(node, r) === NONE) {
+      if (stamps[r] !== stamp) {
         result.set(this.replicaName[r]!, depth);
         left--;
       }
     }
+  }
+
+  /** A fresh stamp for `stopAt`, the stamp array covering every replica slot. */
+  private nextStamp(): number {
+    if (this.stamps.length < this.replicaName.length) {
+      this.stamps = new Int32Array(Math.max(this.replicaName.length, this.stamps.length * 2));
+    }
+    if (this.stamp === 0x7fffffff) {
+      this.stamps.fill(0);
+      this.stamp = 0;
+    }
+    return ++this.stamp;
   }
 
   /**

@@ -317,4 +317,124 @@ describe("FleetPrefixIndex", () => {
       { numRuns: 300 },
     );
   });
+
+  it("matches a brute-force walk on fleets holding one long prefix to staggered depths, with branches, evictions and forgets (property)", () => {
+    // A 48-block spine every record starts from, cut at a random depth, with an optional tail of
+    // its own: prefixes end at many depths of one path, and some holders branch off it.
+    const SPINE = 48;
+    const spine = prompt(8 * SPINE, 7);
+    const recordArb = fc.record({
+      kind: fc.constant("record" as const),
+      replica: fc.integer({ min: 0, max: 11 }),
+      depth: fc.integer({ min: 1, max: SPINE }),
+      tail: fc.integer({ min: 0, max: 5 }),
+      tailBlocks: fc.integer({ min: 0, max: 4 }),
+    });
+    const opArb = fc.oneof(
+      { arbitrary: recordArb, weight: 6 },
+      {
+        arbitrary: fc.record({
+          kind: fc.constant("match" as const),
+          depth: fc.integer({ min: 0, max: SPINE }),
+          tail: fc.integer({ min: 0, max: 5 }),
+          tailBlocks: fc.integer({ min: 0, max: 4 }),
+        }),
+        weight: 3,
+      },
+      {
+        arbitrary: fc.record({
+          kind: fc.constant("forget" as const),
+          replica: fc.integer({ min: 0, max: 11 }),
+        }),
+        weight: 1,
+      },
+      {
+        arbitrary: fc.record({
+          kind: fc.constant("resize" as const),
+          replica: fc.integer({ min: 0, max: 11 }),
+          capacity: fc.integer({ min: 1, max: 120 }),
+        }),
+        weight: 1,
+      },
+    );
+    const hashesOf = (c: { depth: number; tail: number; tailBlocks: number }) =>
+      blockHashes([...spine.slice(0, 8 * c.depth), ...prompt(8 * c.tailBlocks, 2000 + c.tail)], 8);
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 1, max: 120 }), { minLength: 12, maxLength: 12 }),
+        fc.array(opArb, { maxLength: 120 }),
+        (caps, ops) => {
+          const capacity = caps.slice();
+          const index = new FleetPrefixIndex({ capacityBlocks: (r) => capacity[Number(r.slice(1))]! });
+          // The reference: per replica, its chain keys most recent first, cut to its capacity.
+          const lists = new Map<string, string[]>();
+          const keysOf = (hashes: string[]) => hashes.map((_, i) => hashes.slice(0, i + 1).join("/"));
+          for (const op of ops) {
+            if (op.kind === "record") {
+              const r = `r${op.replica}`;
+              const hashes = hashesOf(op);
+              index.record(r, hashes);
+              const keys = keysOf(hashes);
+              const list = [...keys, ...(lists.get(r) ?? []).filter((k) => !keys.includes(k))];
+              lists.set(r, list.slice(0, capacity[op.replica]));
+            } else if (op.kind === "forget") {
+              index.forget(`r${op.replica}`);
+              lists.delete(`r${op.replica}`);
+            } else if (op.kind === "resize") {
+              capacity[op.replica] = op.capacity;
+              index.resize(`r${op.replica}`, op.capacity);
+              const list = lists.get(`r${op.replica}`);
+              if (list) lists.set(`r${op.replica}`, list.slice(0, op.capacity));
+            } else {
+              const hashes = hashesOf(op);
+              const keys = keysOf(hashes);
+              // The brute-force walk: block by block, per replica, until one is missing.
+              const expected = new Map<string, number>();
+              for (const [r, list] of lists) {
+                const held = new Set(list);
+                let blocks = 0;
+                while (blocks < keys.length && held.has(keys[blocks]!)) blocks++;
+                if (blocks > 0) expected.set(r, blocks);
+                assert.equal(index.matchReplica(r, hashes), blocks);
+              }
+              assert.deepEqual(new Map([...index.match(hashes)].sort()), new Map([...expected].sort()));
+            }
+          }
+          index.checkInvariants();
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
+  it("counts a replica's children of one block past 65,535 exactly", () => {
+    const index = new FleetPrefixIndex({ capacityBlocks: () => Number.POSITIVE_INFINITY });
+    const root = "0000000000000001";
+    const children = 65_540;
+    for (let i = 0; i < children; i++) index.record("r0", [root, `c${i}`]);
+    index.record("r1", [root, "c0"]);
+    index.checkInvariants();
+    assert.deepEqual([...index.match([root, "c7"])].sort(), [
+      ["r0", 2],
+      ["r1", 1],
+    ]);
+    // Shrinking evicts the least recent blocks: the children recorded first, down across 65,535.
+    index.resize("r0", 3);
+    index.checkInvariants();
+    assert.equal(index.blocksHeld("r0"), 3);
+    assert.deepEqual([...index.match([root, `c${children - 1}`])].sort(), [
+      ["r0", 2],
+      ["r1", 1],
+    ]);
+    assert.deepEqual([...index.match([root, "c0"])].sort(), [
+      ["r0", 1],
+      ["r1", 2],
+    ]);
+    index.resize("r0", 1);
+    assert.deepEqual([...index.match([root, `c${children - 1}`])].sort(), [
+      ["r0", 1],
+      ["r1", 1],
+    ]);
+    index.checkInvariants();
+  });
 });
