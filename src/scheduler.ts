@@ -7,10 +7,10 @@
  */
 
 import { followAbort } from "./abort.js";
+import type { BudgetOrderKey } from "./budget/budget-queue.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
-import type { BudgetOrderKey } from "./budget/budget-queue.js";
 import { type Reservation, reservationTokens } from "./budget/token-budget.js";
 import { type Cancel, type Clock, realClock } from "./clock.js";
 import { type PolicyFeatures, policyFeatures } from "./config/policy-features.js";

@@ -23,6 +23,7 @@ import {
   declaredLaneOf,
   expectedIdleMsOf,
   positiveMsOf,
+  queueTtlMsOf,
   SESSION_HEADERS,
   sessionHeaderOf,
 } from "../openai-api/call-headers.js";
@@ -369,6 +370,7 @@ export function createApp(options: AppOptions): SluiceApp {
           "x-sluice-lane",
           "x-sluice-deadline-ms",
           "x-sluice-expected-idle-ms",
+          "x-sluice-queue-ttl-ms",
           "x-api-key",
           // RFC 7240 and the Idempotency-Key draft: asynchronous calls and safe retries from a browser too.
           "prefer",
@@ -563,6 +565,7 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-expected-idle-ms",
       c.req.header("x-sluice-expected-idle-ms"),
     );
+    const queueTtlMs = queueTtlMsOf("x-sluice-queue-ttl-ms", c.req.header("x-sluice-queue-ttl-ms"));
     let sessionId = pathSession;
     if (sessionId !== undefined) {
       const view = scheduler.getSession(sessionId);
@@ -608,6 +611,7 @@ export function createApp(options: AppOptions): SluiceApp {
     if (declaredLane !== undefined) req.declaredLane = declaredLane;
     if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
     if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
+    if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
     if (identity) {
       req.priority = identity.priority;
       req.tenant = identity.tenant;

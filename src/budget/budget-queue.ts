@@ -117,8 +117,16 @@ interface Grant {
 }
 
 function checkNonNegative(what: string, value: number, integer: boolean): void {
-  if (!(typeof value === "number" && value >= 0 && (integer ? Number.isSafeInteger(value) : Number.isFinite(value)))) {
-    throw new RangeError(`${what} should be a non-negative ${integer ? "whole number" : "number"}, got ${String(value)}`);
+  if (
+    !(
+      typeof value === "number" &&
+      value >= 0 &&
+      (integer ? Number.isSafeInteger(value) : Number.isFinite(value))
+    )
+  ) {
+    throw new RangeError(
+      `${what} should be a non-negative ${integer ? "whole number" : "number"}, got ${String(value)}`,
+    );
   }
 }
 
@@ -178,7 +186,8 @@ export class BudgetQueue {
     const floor = options.bulkFloorShare ?? 0.1;
     if (!(floor >= 0 && floor <= 1)) throw new RangeError(`bulkFloorShare should be in [0, 1], got ${floor}`);
     const windowMs = options.shareWindowMs ?? 60_000;
-    if (!(windowMs > 0)) throw new RangeError(`shareWindowMs should be a positive number of ms, got ${windowMs}`);
+    if (!(windowMs > 0))
+      throw new RangeError(`shareWindowMs should be a positive number of ms, got ${windowMs}`);
     this.limit = limit;
     this.headReserveMs = headReserveMs;
     this.clock = options.clock;
