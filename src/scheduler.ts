@@ -7,7 +7,7 @@
  */
 
 import { followAbort } from "./abort.js";
-import type { BudgetOrderKey } from "./budget/budget-queue.js";
+import type { BudgetOrderKey, BudgetQueueSnapshot } from "./budget/budget-queue.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
@@ -1232,6 +1232,7 @@ export class Scheduler {
         reservedTokens: budget ? budget.reservedActive + budget.reservedQueued : 0,
         availableTokens: budget?.available() ?? 0,
         guardTokens: budget?.guardTokens ?? 0,
+        ...(replica.budgetQueue ? { queue: budgetQueueState(replica.budgetQueue.snapshot()) } : {}),
       },
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
@@ -1281,6 +1282,16 @@ export class Scheduler {
   private newSessionId(): string {
     return `sess-${globalThis.crypto.randomUUID()}`;
   }
+}
+
+function budgetQueueState(snapshot: BudgetQueueSnapshot): NonNullable<ReplicaState["budget"]["queue"]> {
+  return {
+    interactive: snapshot.waiting.interactive,
+    bulk: snapshot.waiting.bulk,
+    tokens: snapshot.waitingTokens,
+    oldestWaitMs: snapshot.oldestWaitMs,
+    limit: snapshot.limit,
+  };
 }
 
 function load(replica: ReplicaRuntime): number {

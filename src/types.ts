@@ -176,7 +176,14 @@ export interface ReplicaState {
       cancelled: number;
     };
   };
-  budget: { ceilingTokens: number; reservedTokens: number; availableTokens: number; guardTokens: number };
+  budget: {
+    ceilingTokens: number;
+    reservedTokens: number;
+    availableTokens: number;
+    guardTokens: number;
+    /** Calls waiting for budget on this replica (docs/how-it-works.md), their tokens and the oldest one's wait, ms. */
+    queue?: { interactive: number; bulk: number; tokens: number; oldestWaitMs: number; limit: number };
+  };
   lanes: Record<Lane, { queued: number; oldestAgeMs: number }>;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;

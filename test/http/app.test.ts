@@ -500,6 +500,9 @@ describe("refusals", () => {
     assertRefusal(bad.response, bad.text, 400, "invalid_request");
     const waiting = request("/v1/chat/completions", { method: "POST", json: chat({ max_tokens: 5000 }) });
     await clock.advanceAsync(1000);
+    const metrics = await call("/metrics");
+    assert.match(metrics.text, /sluice_budget_queue_calls\{replica="sim-0"\} 1\b/);
+    assert.match(metrics.text, /sluice_budget_queue_oldest_age_seconds\{replica="sim-0"\} 1\b/);
     await holder.body!.cancel();
     const served = await drive(waiting);
     assert.equal(served.status, 200, "served once the holder let go of its budget");

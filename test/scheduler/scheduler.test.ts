@@ -193,6 +193,13 @@ describe("scheduler request path", () => {
     await clock.advanceAsync(1_000);
     assert.equal(admitted, undefined, "it waits while the first call holds the budget");
     assert.equal(scheduler.idleCheck().queued, 1);
+    assert.deepEqual(scheduler.state().replicas[0]!.budget.queue, {
+      interactive: 1,
+      bulk: 0,
+      tokens: 4050,
+      oldestWaitMs: 1000,
+      limit: 256,
+    });
     await assert.rejects(
       run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(9500, 3) } }))),
       refusalWith("context_limit", 413),
