@@ -7,6 +7,7 @@
  */
 
 import { followAbort } from "./abort.js";
+import type { BudgetOrderKey, BudgetQueueSnapshot } from "./budget/budget-queue.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";
@@ -82,6 +83,11 @@ export interface SchedulerOptions {
   windowAuthority?: WindowAuthority;
   /** Finds sessions other frontends opened, so a step lands on the replica holding its prefix. */
   sessionDirectory?: SessionDirectory;
+  /**
+   * Orders calls waiting for token budget within a lane (lower keys first, arrival order breaking
+   * ties); default arrival order. Read at every decision, so it may follow moving state.
+   */
+  budgetOrder?: BudgetOrderKey;
 }
 
 /** Per-session routing memory: the block hashes of the last prompt, so a growing prompt hashes only its new blocks. */
@@ -184,7 +190,14 @@ export class Scheduler {
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
         throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
-      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features, this.prefixIndex);
+      const replica = new ReplicaRuntime(
+        engine,
+        this.clock,
+        this.config,
+        this.features,
+        this.prefixIndex,
+        options.budgetOrder,
+      );
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];
@@ -565,7 +578,7 @@ export class Scheduler {
           holds,
         );
       }
-      holds.reservation = this.reserveBudget(replica, call, gpuCached);
+      holds.reservation = await this.reserveBudget(req, replica, call, gpuCached);
       this.checkFeasibility(req, replica, call.lane, uncached, hostHit);
       holds.permit = await this.passGate(req, replica, call.lane, uncached);
       const newKvTokens = reservationTokens(call.tokens.length, gpuCached, 0);
@@ -677,16 +690,44 @@ export class Scheduler {
    * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV (`reservationTokens`), given
    * the prompt tokens the router predicts in its GPU memory (`gpuCached`); blocks shared with a
    * cached prefix are counted once, by the call that brought them. The whole call must still fit
-   * the ceiling less the guard band.
+   * the ceiling less the guard band (else 413 at once); one that does not fit now waits in the
+   * replica's budget queue, at most its lane's residence time or its own shorter queue TTL.
    */
-  private reserveBudget(replica: ReplicaRuntime, call: CallPlan, gpuCached: number): Reservation | null {
-    if (!replica.budget) return null;
-    const reserve = reservationTokens(call.tokens.length, gpuCached, call.maxTokens);
-    return replica.budget.reserveOrRefuse(reserve, {
-      queued: true,
-      lane: call.lane,
-      callTokens: call.tokens.length + call.maxTokens,
-      retryAfterSeconds: budgetRetryAfter(replica, reserve),
+  private async reserveBudget(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    call: CallPlan,
+    gpuCached: number,
+  ): Promise<Reservation | null> {
+    return this.waitForBudget(
+      req,
+      replica,
+      call.lane,
+      reservationTokens(call.tokens.length, gpuCached, call.maxTokens),
+      call.tokens.length + call.maxTokens,
+    );
+  }
+
+  /** The budget step of both paths: 413 when the call could never fit, else a reservation, waited for if need be. */
+  private async waitForBudget(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    tokens: number,
+    callTokens: number,
+  ): Promise<Reservation | null> {
+    const budget = replica.budget;
+    const queue = replica.budgetQueue;
+    if (!budget || !queue) return null;
+    budget.checkReservable(tokens, { callTokens, lane });
+    const residence = this.config.lanes[lane].maxResidenceMs ?? LANE_DEFAULTS[lane].maxResidenceMs;
+    return queue.reserve({
+      tokens,
+      lane,
+      maxWaitMs: req.queueTtlMs === undefined ? residence : Math.min(residence, req.queueTtlMs),
+      reserve: { queued: true },
+      ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
+      ...(req.signal ? { signal: req.signal } : {}),
     });
   }
 
@@ -1039,6 +1080,8 @@ export class Scheduler {
       config: this.config,
       decodeReplicas: this.replicas.filter((replica) => replica.engine.role === "decode"),
       passGate: (req, replica, lane, uncached) => this.passGate(req, replica, lane, uncached),
+      waitForBudget: (req, replica, lane, tokens, callTokens) =>
+        this.waitForBudget(req, replica, lane, tokens, callTokens),
       holdings: (held) => this.holdings(held),
       recordPrefix: (replica, hashes) => replica.index?.record(replica.id, hashes),
       recordGateWait: (lane, queueMs) => this.recordGateWait(lane, queueMs),
@@ -1344,6 +1387,7 @@ export class Scheduler {
         reservedTokens: budget ? budget.reservedActive + budget.reservedQueued : 0,
         availableTokens: budget?.available() ?? 0,
         guardTokens: budget?.guardTokens ?? 0,
+        ...(replica.budgetQueue ? { queue: budgetQueueState(replica.budgetQueue.snapshot()) } : {}),
       },
       lanes: { interactive: laneState("interactive"), bulk: laneState("bulk") },
       queuedPrefillTokens: replica.queuedPrefillTokens,
@@ -1396,18 +1440,14 @@ export class Scheduler {
   }
 }
 
-/**
- * Retry-After for a call the token budget cannot hold now: the calls that must
- * finish to free its deficit (at the mean reservation size), drained at the
- * measured completion rate.
- */
-function budgetRetryAfter(replica: ReplicaRuntime, needed: number): number {
-  const budget = replica.budget;
-  if (!budget) return 1;
-  const reserved = budget.reservedActive + budget.reservedQueued;
-  const meanReservation = budget.outstanding > 0 ? reserved / budget.outstanding : needed;
-  const callsToFinish = Math.max(1, Math.ceil((needed - budget.available()) / Math.max(1, meanReservation)));
-  return replica.drainSeconds(callsToFinish - 1);
+function budgetQueueState(snapshot: BudgetQueueSnapshot): NonNullable<ReplicaState["budget"]["queue"]> {
+  return {
+    interactive: snapshot.waiting.interactive,
+    bulk: snapshot.waiting.bulk,
+    tokens: snapshot.waitingTokens,
+    oldestWaitMs: snapshot.oldestWaitMs,
+    limit: snapshot.limit,
+  };
 }
 
 function load(replica: ReplicaRuntime): number {

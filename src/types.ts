@@ -56,6 +56,11 @@ export interface CallRequest {
   declaredLane?: Lane;
   /** The client's own time-to-first-token deadline, ms. */
   deadlineMs?: number;
+  /**
+   * The longest this call may wait in a sluice queue, ms (`x-sluice-queue-ttl-ms`): it can only
+   * shorten its lane's residence time, never lengthen it. 0: it may not wait for token budget.
+   */
+  queueTtlMs?: number;
   /** How long the client expects to be away after this step, ms: a hint for its session's retention (SPEC 6). */
   expectedIdleMs?: number;
   /** Priority from the API key (higher is more important); never from a client header. Default 0. */
@@ -192,7 +197,14 @@ export interface ReplicaState {
       cancelled: number;
     };
   };
-  budget: { ceilingTokens: number; reservedTokens: number; availableTokens: number; guardTokens: number };
+  budget: {
+    ceilingTokens: number;
+    reservedTokens: number;
+    availableTokens: number;
+    guardTokens: number;
+    /** Calls waiting for budget on this replica (docs/how-it-works.md), their tokens and the oldest one's wait, ms. */
+    queue?: { interactive: number; bulk: number; tokens: number; oldestWaitMs: number; limit: number };
+  };
   lanes: Record<Lane, { queued: number; oldestAgeMs: number }>;
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;

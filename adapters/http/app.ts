@@ -20,7 +20,7 @@ import type { JobsEnv, JobsMount } from "../jobs/index.js";
 import { type Logger, silentLogger } from "../log/logger.js";
 import { AccessLog, operatorEventLog } from "../log/operations-log.js";
 import { type CompletedCall, createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
-import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf, queueTtlMsOf } from "../openai-api/call-headers.js";
 import { chatInput, completionInput } from "../openai-api/call-input.js";
 import { collectCall, collectRaw, sseStream } from "../openai-api/call-response.js";
 import type { ResponseContext } from "../openai-api/openai-format.js";
@@ -406,6 +406,7 @@ export function createApp(options: AppOptions): SluiceApp {
           "x-sluice-lane",
           "x-sluice-deadline-ms",
           "x-sluice-expected-idle-ms",
+          "x-sluice-queue-ttl-ms",
           "x-api-key",
           // RFC 7240 and the Idempotency-Key draft: asynchronous calls and safe retries from a browser too.
           "prefer",
@@ -621,6 +622,7 @@ export function createApp(options: AppOptions): SluiceApp {
       "x-sluice-expected-idle-ms",
       c.req.header("x-sluice-expected-idle-ms"),
     );
+    const queueTtlMs = queueTtlMsOf("x-sluice-queue-ttl-ms", c.req.header("x-sluice-queue-ttl-ms"));
     const identity = c.get("identity");
     const tenant = tenantOf(c);
     if (pathSession !== undefined) {
@@ -677,6 +679,7 @@ export function createApp(options: AppOptions): SluiceApp {
     if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
     if (identity) req.priority = identity.priority;
     req.tenant = tenant;
+    if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
 
     const facts = c.get("facts");
     facts.tenant = tenant;

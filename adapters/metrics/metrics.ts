@@ -261,6 +261,21 @@ export function createMetrics(
     (r) => (r.engine?.tokenBudget === false ? null : r.budget.availableTokens),
   );
   perReplica(
+    "sluice_budget_queue_calls",
+    "Calls waiting for token budget on a replica (interactive and bulk).",
+    (r) => (r.budget.queue ? r.budget.queue.interactive + r.budget.queue.bulk : null),
+  );
+  perReplica(
+    "sluice_budget_queue_tokens",
+    "Tokens the calls waiting for budget on a replica need.",
+    (r) => r.budget.queue?.tokens ?? null,
+  );
+  perReplica(
+    "sluice_budget_queue_oldest_age_seconds",
+    "Wait of the oldest call waiting for token budget on a replica, seconds.",
+    (r) => (r.budget.queue ? r.budget.queue.oldestWaitMs / 1000 : null),
+  );
+  perReplica(
     "sluice_queued_prefill_tokens",
     "Prefill tokens of calls queued for a replica.",
     (r) => r.queuedPrefillTokens,

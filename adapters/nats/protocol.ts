@@ -25,6 +25,8 @@ export const HEADERS = {
   deadlineMs: "Sluice-Deadline-Ms",
   /** How long the requester expects to be away after this step, ms (a retention hint, SPEC 6). */
   expectedIdleMs: "Sluice-Expected-Idle-Ms",
+  /** The longest the call may wait in a sluice queue, ms: it only shortens the lane's residence time. */
+  queueTtlMs: "Sluice-Queue-Ttl-Ms",
   stream: "Sluice-Stream",
   done: "Sluice-Done",
   /**

@@ -35,7 +35,7 @@ import type {
   SessionView,
 } from "../../src/types.js";
 import { DEFAULT_BODY_LIMIT_BYTES, jsonDepthExceeds, MAX_JSON_DEPTH } from "../http/read-body.js";
-import { declaredLaneOf, expectedIdleMsOf, positiveMsOf } from "../openai-api/call-headers.js";
+import { declaredLaneOf, expectedIdleMsOf, positiveMsOf, queueTtlMsOf } from "../openai-api/call-headers.js";
 import { collectCall } from "../openai-api/call-response.js";
 import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
@@ -368,6 +368,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       const declaredLane = declaredLaneOf(HEADERS.lane, headerOf(msg, HEADERS.lane));
       const deadlineMs = positiveMsOf(HEADERS.deadlineMs, headerOf(msg, HEADERS.deadlineMs));
       const expectedIdleMs = expectedIdleMsOf(HEADERS.expectedIdleMs, headerOf(msg, HEADERS.expectedIdleMs));
+      const queueTtlMs = queueTtlMsOf(HEADERS.queueTtlMs, headerOf(msg, HEADERS.queueTtlMs));
       const statedTimeout = positiveMsOf(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
       const caller = callerOf(msg, options.keys);
       const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
@@ -421,6 +422,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         req.tenant = caller.tenant;
         if (caller.priority !== undefined) req.priority = caller.priority;
       }
+      if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
 
       try {
         // The scheduler decides at once whether it still takes calls; past this line a drain lets it run.

@@ -57,3 +57,12 @@ export function expectedIdleMsOf(name: string, value: string | undefined): numbe
   }
   return ms;
 }
+
+/**
+ * The longest a call may wait in a sluice queue, ms (`x-sluice-queue-ttl-ms` over HTTP,
+ * `Sluice-Queue-Ttl-Ms` over NATS): a non-negative number (0: it may not wait for token budget),
+ * or undefined when absent. It can only shorten a lane's residence time. Anything else is a 400.
+ */
+export function queueTtlMsOf(name: string, value: string | undefined): number | undefined {
+  return expectedIdleMsOf(name, value);
+}

@@ -93,6 +93,7 @@ export class TokenBudget {
   private active = 0;
   private queuedTokens = 0;
   private live = 0;
+  private readonly releaseListeners = new Set<() => void>();
 
   constructor(options: TokenBudgetOptions) {
     if (options === null || typeof options !== "object") {
@@ -146,7 +147,18 @@ export class TokenBudget {
   /** Changes the ceiling (the engine reported its KV capacity); existing reservations stay. */
   setCeiling(tokens: number): void {
     checkTokens("ceilingTokens", tokens);
+    const grew = tokens > this.ceilingTokens;
     this.ceilingTokens = tokens;
+    if (grew) this.released();
+  }
+
+  /**
+   * Calls `listener` whenever room may have opened (a reservation released, the ceiling raised),
+   * after the counters changed; returns the function that stops it. The budget queue drains on it.
+   */
+  onRelease(listener: () => void): () => void {
+    this.releaseListeners.add(listener);
+    return () => this.releaseListeners.delete(listener);
   }
 
   /** Reserves `tokens` when they fit in `available()`; null otherwise (nothing is held then). */
@@ -163,6 +175,21 @@ export class TokenBudget {
    */
   reserveOrRefuse(tokens: number, options: ReserveOrRefuseOptions = {}): Reservation {
     checkTokens("reservation", tokens);
+    this.checkReservable(tokens, options);
+    const reservation = this.tryReserve(tokens, options);
+    if (reservation) return reservation;
+    throw new Refusal(
+      "token_budget_exhausted",
+      `the call needs ${tokens} tokens of new KV (uncached input + max_tokens) but only ${this.available()} are available now`,
+      { lane: options.lane, scope: "worker", retryAfterSeconds: options.retryAfterSeconds ?? 1 },
+    );
+  }
+
+  /**
+   * Throws 413 `context_limit` when the call (`callTokens`, else the reservation) exceeds
+   * `maxReservable`: it could never fit, so it must not wait for room either.
+   */
+  checkReservable(tokens: number, options: { callTokens?: number; lane?: Lane } = {}): void {
     const callTokens = Math.max(tokens, options.callTokens ?? tokens);
     if (callTokens > this.maxReservable) {
       throw new Refusal(
@@ -171,13 +198,6 @@ export class TokenBudget {
         { lane: options.lane, scope: "request", limits: { max_total_tokens: this.maxReservable } },
       );
     }
-    const reservation = this.tryReserve(tokens, options);
-    if (reservation) return reservation;
-    throw new Refusal(
-      "token_budget_exhausted",
-      `the call needs ${tokens} tokens of new KV (uncached input + max_tokens) but only ${this.available()} are available now`,
-      { lane: options.lane, scope: "worker", retryAfterSeconds: options.retryAfterSeconds ?? 1 },
-    );
   }
 
   /** Plain-JSON view. */
@@ -194,6 +214,10 @@ export class TokenBudget {
 
   toJSON(): TokenBudgetSnapshot {
     return this.snapshot();
+  }
+
+  private released(): void {
+    for (const listener of this.releaseListeners) listener();
   }
 
   private grant(tokens: number, queued: boolean): Reservation {
@@ -223,6 +247,7 @@ export class TokenBudget {
         else budget.active -= tokens;
         budget.live--;
         state = "released";
+        budget.released();
       },
     };
   }

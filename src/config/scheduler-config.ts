@@ -7,6 +7,7 @@
  */
 
 import { z } from "zod";
+import { DEFAULT_BUDGET_HEAD_RESERVE_MS, DEFAULT_BUDGET_QUEUE_LIMIT } from "../budget/budget-queue.js";
 import { DEFAULT_LANE_LIMITS } from "../budget/classify-lane.js";
 import { DEFAULT_AIMD_OPTIONS } from "../sessions/aimd-window.js";
 import { DEFAULT_INFERENCE_CAPACITY, INFERENCE_MODES } from "../sessions/session-inference.js";
@@ -103,6 +104,10 @@ export const schedulerConfigSchema = z.strictObject({
       /** KV ceiling in tokens; undefined takes the engine's KV capacity. */
       ceilingTokens: positiveInt.optional(),
       guardBandFraction: fraction.default(DEFAULT_GUARD_BAND_FRACTION),
+      /** Calls that may wait for budget on one replica; beyond: 429 `token_budget_exhausted`. 0: no waiting. */
+      queueLimit: nonNegativeInt.default(DEFAULT_BUDGET_QUEUE_LIMIT),
+      /** A lane's head waiting longer than this holds its place in the budget queue, ms. */
+      headReserveMs: ms.default(DEFAULT_BUDGET_HEAD_RESERVE_MS),
     })
     .prefault({}),
   window: z

@@ -22,6 +22,7 @@ export const TOPICS = {
   tokenWindow: "Token window (--window-unit tokens)",
   sessionWindow: "Session-count window (--window-unit sessions, policy concur)",
   sessions: "Sessions",
+  budget: "Token budget",
 } as const;
 
 type Entry = Omit<SettingSpec, "path" | "schema"> & { field: string };
@@ -112,6 +113,18 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     topic: TOPICS.lanes,
     defaultText: "the context window",
     help: "largest input + max_tokens of a call; beyond: 413 overflow",
+  }),
+  configSetting({
+    flag: "budget-queue-limit",
+    field: "budget.queueLimit",
+    topic: TOPICS.budget,
+    help: "calls that may wait for token budget per replica; beyond: 429 token_budget_exhausted (0: refuse at once)",
+  }),
+  configSetting({
+    flag: "budget-head-reserve-ms",
+    field: "budget.headReserveMs",
+    topic: TOPICS.budget,
+    help: "a lane's first waiter for token budget holds its place after this wait: later calls take only budget beside it, ms",
   }),
   configSetting({
     flag: "affinity-break-kv",

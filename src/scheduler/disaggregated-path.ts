@@ -70,6 +70,17 @@ export interface DisaggregatedContext {
   holdings(held: HeldCall): CallHoldings;
   /** Records the prompt's blocks as held by `replica` (the prefix index), after a prefill. */
   recordPrefix(replica: ReplicaRuntime, hashes: readonly string[]): void;
+  /**
+   * The budget step on one replica: 413 `context_limit` when the call could never fit, else its
+   * reservation, waited for in the replica's budget queue when it does not fit now.
+   */
+  waitForBudget(
+    req: CallRequest,
+    replica: ReplicaRuntime,
+    lane: Lane,
+    tokens: number,
+    callTokens: number,
+  ): Promise<Reservation | null>;
   /** An admitted call's time queued at the gates, ms: the overload stages' signal. */
   recordGateWait(lane: Lane, queueMs: number): void;
   emit<K extends keyof SchedulerEvents>(name: K, event: Parameters<NonNullable<SchedulerEvents[K]>>[0]): void;
@@ -230,17 +241,13 @@ export class DisaggregatedPath {
     }
     try {
       // The prefill side's budget: its uncached prompt and the one token it generates.
-      if (prefill.budget) {
-        holds.reservation = prefill.budget.reserveOrRefuse(
-          reservationTokens(call.tokens.length, call.gpuCached, 1),
-          {
-            queued: true,
-            lane,
-            callTokens: call.tokens.length + 1,
-            retryAfterSeconds: prefill.drainSeconds(prefill.running),
-          },
-        );
-      }
+      holds.reservation = await this.ctx.waitForBudget(
+        req,
+        prefill,
+        lane,
+        reservationTokens(call.tokens.length, call.gpuCached, 1),
+        call.tokens.length + 1,
+      );
       this.checkDeadline(req, lane, arrivalInMs, prefill);
       // The predicted check's decode admission is whole before the prefill: with its room it takes its place at the
       // decode replica's gate (queueing there if it must), so nothing on the decode side can refuse the call later.

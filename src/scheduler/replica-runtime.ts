@@ -1,5 +1,6 @@
 /** @module Everything the scheduler keeps per replica: its gate, budget, window, prefix index and signals. */
 
+import { type BudgetOrderKey, BudgetQueue } from "../budget/budget-queue.js";
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { gateLimitsFromConfig } from "../config/gate-limits.js";
@@ -36,6 +37,8 @@ export class ReplicaRuntime {
   readonly engine: Engine;
   readonly gate: BackendGate | null;
   readonly budget: TokenBudget | null;
+  /** Calls that do not fit the budget wait here (docs/how-it-works.md); null without a budget. */
+  readonly budgetQueue: BudgetQueue | null;
   /** CONCUR's session-count law, for the `sessions` window unit. */
   readonly window: AimdWindow | null;
   /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
@@ -78,6 +81,7 @@ export class ReplicaRuntime {
     private readonly config: SchedulerConfig,
     features: PolicyFeatures,
     fleetIndex: FleetPrefixIndex | null = null,
+    budgetOrder?: BudgetOrderKey,
   ) {
     this.id = engine.id;
     this.engine = engine;
@@ -115,6 +119,17 @@ export class ReplicaRuntime {
       ? new TokenBudget({
           ceilingTokens: config.budget.ceilingTokens ?? (signals.kvCapacityTokens || Number.MAX_SAFE_INTEGER),
           guardBandFraction: config.budget.guardBandFraction,
+        })
+      : null;
+    this.budgetQueue = this.budget
+      ? new BudgetQueue(this.budget, {
+          clock,
+          limit: config.budget.queueLimit,
+          headReserveMs: config.budget.headReserveMs,
+          bulkFloorShare: features.lanes ? config.lanes.bulkFloorShare : 0,
+          shareWindowMs: config.lanes.shareWindowMs,
+          retryAfterSeconds: (deficit) => this.budgetDrainSeconds(deficit),
+          ...(budgetOrder ? { orderKey: budgetOrder } : {}),
         })
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;
@@ -390,6 +405,19 @@ export class ReplicaRuntime {
   }
 
   /**
+   * Seconds until `deficitTokens` of this replica's budget are free: the calls that must finish to
+   * free them (at the mean reservation held), drained at the measured completion rate.
+   */
+  budgetDrainSeconds(deficitTokens: number): number {
+    const budget = this.budget;
+    if (!budget) return 1;
+    const reserved = budget.reservedActive + budget.reservedQueued;
+    const meanReservation = budget.outstanding > 0 ? reserved / budget.outstanding : deficitTokens;
+    const callsToFinish = Math.max(1, Math.ceil(deficitTokens / Math.max(1, meanReservation)));
+    return this.drainSeconds(callsToFinish - 1);
+  }
+
+  /**
    * A call is sent to this replica's engine with `uncachedTokens` of its `promptTokens` predicted
    * uncached: its predicted hits are the window's evidence, counted as sent, not as placed (a call
    * placed may still be refused by the budget or its deadline, and placed again when it retries).
@@ -424,7 +452,7 @@ export class ReplicaRuntime {
     const snapshot = this.gate?.snapshot();
     return {
       permits: snapshot ? snapshot.requests + snapshot.waiting : 0,
-      queued: snapshot ? snapshot.queued : 0,
+      queued: (snapshot ? snapshot.queued : 0) + (this.budgetQueue?.size ?? 0),
       reservations: this.budget?.outstanding ?? 0,
     };
   }

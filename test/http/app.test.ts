@@ -474,8 +474,8 @@ describe("refusals", () => {
     assertIdle(scheduler);
   });
 
-  test("a reservation that does not fit the token budget is 429 token_budget_exhausted", async () => {
-    const { request, drive, scheduler, call } = harness({
+  test("a call the token budget cannot hold waits for room; x-sluice-queue-ttl-ms shortens the wait to a 429 token_budget_exhausted", async () => {
+    const { request, drive, scheduler, call, clock } = harness({
       replicas: 1,
       config: { budget: { ceilingTokens: 10_000 } },
     });
@@ -483,12 +483,31 @@ describe("refusals", () => {
       request("/v1/chat/completions", { method: "POST", json: chat({ max_tokens: 5000, stream: true }) }),
     );
     assert.equal(holder.status, 200);
+    const from = clock.now();
     const { response, text } = await call("/v1/chat/completions", {
       method: "POST",
       json: chat({ max_tokens: 5000 }),
+      headers: { "x-sluice-queue-ttl-ms": "1500" },
     });
     assertRefusal(response, text, 429, "token_budget_exhausted");
+    assert.ok(clock.now() - from >= 1500, "it waited its queue TTL first");
+    assert.ok(Number(response.headers.get("retry-after")) >= 1);
+    const bad = await call("/v1/chat/completions", {
+      method: "POST",
+      json: chat({ max_tokens: 5000 }),
+      headers: { "x-sluice-queue-ttl-ms": "soon" },
+    });
+    assertRefusal(bad.response, bad.text, 400, "invalid_request");
+    const waiting = request("/v1/chat/completions", { method: "POST", json: chat({ max_tokens: 5000 }) });
+    await clock.advanceAsync(1000);
+    const metrics = await call("/metrics");
+    assert.match(metrics.text, /sluice_budget_queue_calls\{replica="sim-0"\} 1\b/);
+    assert.match(metrics.text, /sluice_budget_queue_oldest_age_seconds\{replica="sim-0"\} 1\b/);
     await holder.body!.cancel();
+    const served = await drive(waiting);
+    assert.equal(served.status, 200, "served once the holder let go of its budget");
+    assert.ok(Number(served.headers.get("x-sluice-queue-ms")) >= 1000);
+    await served.text();
     assertIdle(scheduler);
   });
 

@@ -57,6 +57,7 @@ describe("refusals after routing name the replica and the time spent", () => {
     const { response, text } = await call("/v1/chat/completions", {
       method: "POST",
       json: chat({ max_tokens: 5000 }),
+      headers: { "x-sluice-queue-ttl-ms": "0" },
     });
     const error = assertRefusal(response, text, 429, "token_budget_exhausted");
     assert.equal(response.headers.get("x-sluice-replica"), "sim-0");

@@ -69,7 +69,8 @@ test("refusals are logged with reason, replica, lane, session and queue time, sa
   const out = capture();
   const harness = makeHarness({
     replicas: 1,
-    config: { budget: { ceilingTokens: 10_000 } },
+    // No budget queue: each of these calls is refused at once.
+    config: { budget: { ceilingTokens: 10_000, queueLimit: 0 } },
     logger: createLogger({ write: out.write, isTTY: false }),
   });
   h = harness;

@@ -384,6 +384,7 @@ describe("disaggregated prefill and decode", () => {
       config,
       decodeReplicas: [decode],
       passGate: async () => null,
+      waitForBudget: async () => null,
       holdings: () => ({ firstToken: () => undefined, finish: () => undefined }),
       recordPrefix: () => undefined,
       recordGateWait: () => undefined,

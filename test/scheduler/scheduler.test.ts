@@ -174,20 +174,118 @@ describe("scheduler request path", () => {
     assertIdle(scheduler);
   });
 
-  it("refuses what the token budget cannot hold now with 429 token_budget_exhausted", async () => {
-    const { clock, scheduler } = fleet(1, { budget: { ceilingTokens: 10_000 } });
+  it("holds a call the token budget cannot hold now on its replica until room frees; 413 for one it never could", async () => {
+    const { clock, scheduler } = fleet(1, {
+      budget: { ceilingTokens: 10_000 },
+      lanes: { interactive: { maxResidenceMs: 60_000 } },
+    });
     const first = await run(
       clock,
-      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) } })),
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) }, maxTokens: 2000 })),
     );
-    await assert.rejects(
-      run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(4000, 7) } }))),
-      refusalWith("token_budget_exhausted", 429),
-    );
+    let admitted: AdmittedCall | undefined;
+    const waiting = scheduler
+      .submit(request({ input: { kind: "tokens", tokens: tokens(4000, 7) } }))
+      .then((call) => {
+        admitted = call;
+        return call;
+      });
+    await clock.advanceAsync(1_000);
+    assert.equal(admitted, undefined, "it waits while the first call holds the budget");
+    assert.equal(scheduler.idleCheck().queued, 1);
+    assert.deepEqual(scheduler.state().replicas[0]!.budget.queue, {
+      interactive: 1,
+      bulk: 0,
+      tokens: 4050,
+      oldestWaitMs: 1000,
+      limit: 256,
+    });
     await assert.rejects(
       run(clock, scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(9500, 3) } }))),
       refusalWith("context_limit", 413),
     );
+    await run(clock, drain(first));
+    const second = await run(clock, waiting);
+    assert.ok(second.queueMs >= 1_000, `it waited for the budget (${second.queueMs} ms)`);
+    await run(clock, drain(second));
+    assert.deepEqual(scheduler.state().rejections, { context_limit: 1 });
+    assertIdle(scheduler);
+  });
+
+  it("refuses a budget wait with 429 token_budget_exhausted once it outlives its lane's residence time or its shorter queue TTL", async () => {
+    const { clock, scheduler } = fleet(1, {
+      budget: { ceilingTokens: 10_000 },
+      lanes: { interactive: { maxResidenceMs: 3_000 } },
+    });
+    const first = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) }, maxTokens: 2000 })),
+    );
+    const big = () => request({ input: { kind: "tokens", tokens: tokens(4000, 7) } });
+    let from = clock.now();
+    await assert.rejects(run(clock, scheduler.submit(big())), refusalWith("token_budget_exhausted", 429));
+    assert.equal(clock.now() - from, 3_000, "the lane's residence time");
+    from = clock.now();
+    await assert.rejects(
+      run(clock, scheduler.submit({ ...big(), queueTtlMs: 500 })),
+      refusalWith("token_budget_exhausted", 429),
+    );
+    assert.equal(clock.now() - from, 500, "a shorter queue TTL");
+    from = clock.now();
+    await assert.rejects(
+      run(clock, scheduler.submit({ ...big(), queueTtlMs: 60_000 })),
+      refusalWith("token_budget_exhausted", 429),
+    );
+    assert.equal(clock.now() - from, 3_000, "a longer queue TTL does not lengthen the wait");
+    from = clock.now();
+    await assert.rejects(
+      run(clock, scheduler.submit({ ...big(), queueTtlMs: 0 })),
+      refusalWith("token_budget_exhausted", 429),
+    );
+    assert.equal(clock.now() - from, 0, "a TTL of 0 refuses at once");
+    assert.equal(scheduler.idleCheck().queued, 0);
+    await run(clock, drain(first));
+    assertIdle(scheduler);
+  });
+
+  it("refuses at once with 429 token_budget_exhausted when the budget queue is full (0: no queue at all)", async () => {
+    for (const queueLimit of [0, 1]) {
+      const { clock, scheduler } = fleet(1, {
+        budget: { ceilingTokens: 10_000, queueLimit },
+        lanes: { interactive: { maxResidenceMs: 60_000 } },
+      });
+      const first = await run(
+        clock,
+        scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) }, maxTokens: 2000 })),
+      );
+      const big = () => request({ input: { kind: "tokens", tokens: tokens(4000, 7) } });
+      const queued = queueLimit > 0 ? scheduler.submit(big()) : undefined;
+      queued?.catch(() => undefined);
+      const from = clock.now();
+      await assert.rejects(run(clock, scheduler.submit(big())), refusalWith("token_budget_exhausted", 429));
+      assert.equal(clock.now() - from, 0, `queue limit ${queueLimit}: refused at once`);
+      await run(clock, drain(first));
+      if (queued) await run(clock, drain(await run(clock, queued)));
+      assertIdle(scheduler);
+    }
+  });
+
+  it("withdraws a call whose signal aborts while it waits for budget, holding nothing", async () => {
+    const { clock, scheduler } = fleet(1, { budget: { ceilingTokens: 10_000 } });
+    const first = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(6000) }, maxTokens: 2000 })),
+    );
+    const abort = new AbortController();
+    const waiting = scheduler.submit(
+      request({ input: { kind: "tokens", tokens: tokens(4000, 7) }, signal: abort.signal }),
+    );
+    waiting.catch(() => undefined);
+    await clock.advanceAsync(500);
+    assert.equal(scheduler.idleCheck().queued, 1);
+    abort.abort();
+    await assert.rejects(waiting, (error: unknown) => (error as Error).name === "AbortError");
+    assert.equal(scheduler.idleCheck().queued, 0);
     await run(clock, drain(first));
     assertIdle(scheduler);
   });
