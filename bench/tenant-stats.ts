@@ -70,9 +70,9 @@ function sessionKeyOf(call: PlannedCall): string {
 
 /**
  * Accounts a run's tenants. Service is the footprint a tenant's sessions hold
- * in the window (the scheduler's `footprint_tokens` of an active session; for a
- * policy without sessions, the prompt and requested output of its running
- * calls), integrated over virtual time; it counts toward the shares only while
+ * in the window (the scheduler's `footprint_tokens` of an active session, none
+ * of a waiting or paused one; for a session the scheduler does not keep, the
+ * prompt and requested output of its running calls), integrated over virtual time; it counts toward the shares only while
  * two or more tenants have sessions waiting (a call ready and not admitted, or
  * a paused session).
  */
@@ -147,7 +147,7 @@ export function tenantTracker(workload: Workload, scheduler: TrackedScheduler, c
       for (const [key, track] of open) {
         const view = key.startsWith("call:") ? undefined : scheduler.getSession?.(key);
         let tokens = 0;
-        if (view && view.state === "active") tokens = view.footprint_tokens;
+        if (view) tokens = view.state === "active" ? view.footprint_tokens : 0;
         else for (const state of track.calls.values()) if (state.phase === "running") tokens += state.tokens;
         add(held, track.tenant, tokens);
         let waits = view?.state === "paused" || view?.state === "waiting";

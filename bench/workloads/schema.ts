@@ -169,7 +169,8 @@ export function describeIssues(error: z.ZodError): string {
     } else if (issue.code === "invalid_union" && issue.path.length === 0 && "discriminator" in issue) {
       lines.push(`field "kind": expected "agents", "mooncake" or "mixed"`);
     } else if (issue.code === "invalid_union" && issue.path.length > 0 && "discriminator" in issue) {
-      lines.push(`field "${fieldPath([...issue.path, "kind"])}": expected "agents", "mooncake" or "mixed"`);
+      const path = issue.path.at(-1) === "kind" ? issue.path : [...issue.path, "kind"];
+      lines.push(`field "${fieldPath(path)}": expected "agents", "mooncake" or "mixed"`);
     } else {
       lines.push(`field "${fieldPath(issue.path)}": ${issue.message}`);
     }
