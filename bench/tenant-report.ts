@@ -76,7 +76,8 @@ function line(
 /**
  * The table as text cells, a header first: per run and tenant its numbers
  * (share ÷ weight: the service share over the tenant's share of the weights),
- * Jain's index on each run's first line; then each tenant run alone. Empty
+ * Jain's index on each run's first line ("–" when no two tenants ever waited
+ * at once); then each tenant run alone. Empty
  * when the document has no tenants.
  */
 export function tenantCells(doc: TenantDocLike): string[][] {
@@ -87,7 +88,18 @@ export function tenantCells(doc: TenantDocLike): string[][] {
     const weights = entries.reduce((sum, [, t]) => sum + t.weight, 0);
     entries.forEach(([tenant, t], i) => {
       rows.push(
-        line(result.policy, result.load, tenant, t, i === 0 ? fixed(result.fairness?.jain, 3) : "", weights),
+        line(
+          result.policy,
+          result.load,
+          tenant,
+          t,
+          i > 0
+            ? ""
+            : result.fairness && result.fairness.contended_s > 0
+              ? fixed(result.fairness.jain, 3)
+              : "–",
+          weights,
+        ),
       );
     });
   }
