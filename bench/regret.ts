@@ -4,7 +4,7 @@
  * `run-all.ts` prints them; `results-doc.ts` writes them into docs/results.md from the recorded files.
  */
 
-import type { SloCapacityOutput } from "./run.js";
+import type { AloneRow, FairnessStats, SloCapacityOutput, TenantStats } from "./run.js";
 
 /** The policies sluice is compared with; `bound` is not one (no policy can reach it). */
 export const BASELINES = ["rr", "gate", "gate-prefix", "concur"] as const;
@@ -26,6 +26,9 @@ export interface RowLike {
   session_wait_max_s?: number;
   refused_share?: number;
   completed: number;
+  /** `tenants` workloads. */
+  tenants?: Record<string, TenantStats>;
+  fairness?: FairnessStats;
 }
 
 /** A benchmark's `--json` document, as far as the verdicts need it. */
@@ -36,6 +39,8 @@ export interface BenchDoc {
   results: RowLike[];
   /** Trace replays: each policy's SLO capacity. */
   slo_capacity?: SloCapacityOutput;
+  /** `tenants` workloads: tenants run alone. */
+  alone?: AloneRow[];
   details?: {
     policy: string;
     load: number;
@@ -347,6 +352,134 @@ function capacityChecks(doc: BenchDoc): TargetCheck[] {
   return checks;
 }
 
+/** The label of sluice's run with fairness off beside the default one. */
+export const SLUICE_FAIRNESS_OFF = "sluice (fairness off)";
+
+function tenantOf(row: RowLike, tenant: string): TenantStats | undefined {
+  return row.tenants?.[tenant];
+}
+
+function aloneOf(doc: BenchDoc, tenant: string, load: number): TenantStats | undefined {
+  return doc.alone?.find((a) => a.policy === "sluice" && a.tenant === tenant && a.load === load)?.stats;
+}
+
+/**
+ * A tenant arriving behind another (`tenants-noisy`, each tenant run alone as
+ * the reference): its first admission p99 ≤ 10 s after it arrives, its mean
+ * session completion ≤ 1.3 × alone; sluice's makespan ≤ 1.05 × and its hit
+ * rate within 0.05 of the same run with fairness off.
+ */
+export function tenantsNoisyChecks(doc: BenchDoc): TargetCheck[] {
+  const run = doc.workload;
+  const sluice = need(doc, "sluice");
+  const checks: TargetCheck[] = [];
+  for (const tenant of [...new Set((doc.alone ?? []).map((a) => a.tenant))]) {
+    const mine = tenantOf(sluice, tenant);
+    if (!mine) continue;
+    const wait = mine.first_admission_wait_p99_s;
+    checks.push(check(run, `${tenant}'s first admission p99 after it arrives, s`, wait, "≤ 10", wait <= 10));
+    checks.push(
+      ...ratioTarget(
+        run,
+        `${tenant}'s mean session completion ÷ ${tenant} alone`,
+        mine.session_completion_mean_s,
+        aloneOf(doc, tenant, sluice.load)?.session_completion_mean_s,
+        "≤",
+        1.3,
+      ),
+    );
+  }
+  const off = rowOf(doc, SLUICE_FAIRNESS_OFF, sluice.load);
+  if (off) {
+    checks.push(
+      ...ratioTarget(run, "sluice makespan ÷ fairness off", sluice.makespan_s, off.makespan_s, "≤", 1.05),
+    );
+    const gap = r3(Math.abs(sluice.prefix_hit_rate - off.prefix_hit_rate));
+    checks.push(check(run, "sluice hit rate − fairness off's, absolute", gap, "≤ 0.05", gap <= 0.05 + 1e-12));
+  }
+  return checks;
+}
+
+/** All tenants backlogged (`tenants-weighted`): max ÷ min of service share ÷ weight ≤ 1.2, Jain's index ≥ 0.95. */
+export function tenantsWeightedChecks(doc: BenchDoc): TargetCheck[] {
+  const fairness = need(doc, "sluice").fairness;
+  if (!fairness) return [];
+  const spread = fairness.share_over_weight_max_over_min;
+  return [
+    check(
+      doc.workload,
+      "max ÷ min of service share ÷ weight",
+      spread ?? Number.POSITIVE_INFINITY,
+      "≤ 1.2",
+      spread !== null && spread <= 1.2,
+    ),
+    check(
+      doc.workload,
+      "Jain's index over service share ÷ weight",
+      fairness.jain,
+      "≥ 0.95",
+      fairness.jain >= 0.95,
+    ),
+  ];
+}
+
+/** A protected tenant among sheddable sessions (`tenants-bands`): admitted within 5 s, completing within 1.3 × alone, never paused. */
+export function tenantsBandsChecks(doc: BenchDoc): TargetCheck[] {
+  const sluice = need(doc, "sluice");
+  const checks: TargetCheck[] = [];
+  for (const [tenant, t] of Object.entries(sluice.tenants ?? {})) {
+    if (t.band !== "protected") continue;
+    const wait = t.first_admission_wait_max_s;
+    checks.push(
+      check(doc.workload, `protected ${tenant}: longest first admission wait, s`, wait, "≤ 5", wait <= 5),
+    );
+    checks.push(
+      ...ratioTarget(
+        doc.workload,
+        `protected ${tenant}: mean session completion ÷ alone`,
+        t.session_completion_mean_s,
+        aloneOf(doc, tenant, sluice.load)?.session_completion_mean_s,
+        "≤",
+        1.3,
+      ),
+    );
+    checks.push(check(doc.workload, `protected ${tenant}: pauses`, t.pauses, "= 0", t.pauses === 0));
+  }
+  return checks;
+}
+
+/**
+ * Calls of very unequal size (`tenants-sizes`, the tenant named `large`): every
+ * large call completes, none refused for the token budget, and the large
+ * tenant's service share within 20 % of its fair share (its weight's share).
+ */
+export function tenantsSizesChecks(doc: BenchDoc): TargetCheck[] {
+  const sluice = need(doc, "sluice");
+  const large = sluice.tenants?.large;
+  if (!large) return [];
+  const weights = Object.values(sluice.tenants ?? {}).reduce((sum, t) => sum + t.weight, 0);
+  const fair = weights > 0 ? large.weight / weights : 0;
+  const refused = large.rejected.token_budget_exhausted ?? 0;
+  const off = fair > 0 ? r3(large.service_share / fair) : Number.POSITIVE_INFINITY;
+  return [
+    check(
+      doc.workload,
+      "large calls completed ÷ offered",
+      ratio(large.completed, large.sessions),
+      "= 1",
+      large.completed === large.sessions,
+    ),
+    check(doc.workload, "large calls refused for the token budget", refused, "= 0", refused === 0),
+    check(
+      doc.workload,
+      `large tenant's service share ÷ its fair share (${r3(fair)})`,
+      off,
+      "within 0.8–1.2",
+      off >= 0.8 - 1e-12 && off <= 1.2 + 1e-12,
+    ),
+  ];
+}
+
 /** Every policy run finished in a minute of wall time, and no session was left waiting (all calls settled). */
 export function runChecks(doc: BenchDoc): TargetCheck[] {
   const details = (doc.details ?? []).filter((d) => d.policy !== "bound");
@@ -389,6 +522,18 @@ export function targetsOf(doc: BenchDoc, options: { mixedLoad?: number } = {}): 
     }
     case "mooncake":
       if (has("rr")) checks.push(...mooncakeChecks(doc));
+      break;
+    case "tenants-noisy":
+      checks.push(...tenantsNoisyChecks(doc));
+      break;
+    case "tenants-weighted":
+      checks.push(...tenantsWeightedChecks(doc));
+      break;
+    case "tenants-bands":
+      checks.push(...tenantsBandsChecks(doc));
+      break;
+    case "tenants-sizes":
+      checks.push(...tenantsSizesChecks(doc));
       break;
   }
   return checks;

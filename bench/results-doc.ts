@@ -10,6 +10,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { type PdResult, pdTable, pdTargets } from "./pd.js";
 import type { BenchDoc, RowLike, TargetCheck } from "./regret.js";
 import { regretCells, regretRows, targetsOf } from "./regret.js";
+import { tenantCells } from "./tenant-report.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
@@ -25,6 +26,10 @@ export const WORKLOAD_ORDER = [
   "chat",
   "mixed",
   "mooncake",
+  "tenants-noisy",
+  "tenants-weighted",
+  "tenants-bands",
+  "tenants-sizes",
 ] as const;
 
 /** The HTTP sessions case (bench/http-sessions.ts), as its JSON records it. */
@@ -174,6 +179,18 @@ export function renderResultsDoc(input: ResultsInput): string {
         (i) => i > 0,
       ),
     );
+    const tenants = tenantCells(doc);
+    if (tenants.length > 0) {
+      out.push("");
+      out.push(
+        "Per tenant: first admission wait from a session's first call becoming ready; service share: " +
+          "footprint-token-seconds held while two or more tenants had sessions waiting; share ÷ weight: " +
+          "that share over the tenant's share of the weights; Jain's index over service share ÷ weight " +
+          "([benchmarks.md](benchmarks.md)).",
+      );
+      out.push("");
+      out.push(markdownTable(tenants, (i) => i === 1 || i === 3 || (i >= 5 && i <= 16)));
+    }
     const capacity = doc.slo_capacity;
     if (capacity) {
       out.push("");

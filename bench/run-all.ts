@@ -1,6 +1,7 @@
 /**
  * @module `npm run bench`: the named runs of the benchmark issue (agents, agents-256, agents-mixed, the
- * regimes burst, light, steady, long, chat and mixed, mooncake), each checked against its targets, the regret
+ * regimes burst, light, steady, long, chat and mixed, mooncake, the tenants workloads run with fairness on and
+ * off side by side), each checked against its targets, the regret
  * table (sluice against the best baseline), the HTTP sessions case, the disaggregated `pd` comparison with its
  * targets, and every other `bench/*.ts` benchmark
  * that exports a `run…Bench()` function. Writes `bench/results/*.json` (an HTML report per named run,
@@ -20,6 +21,7 @@ import { writeResultsDoc } from "./results-doc.js";
 import type { BenchReport, ResultRow } from "./run.js";
 import type { WorkloadBenchResult } from "./suite.js";
 import { runWorkloadBench, writeOutputs } from "./suite.js";
+import { renderTenantTable } from "./tenant-report.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
@@ -47,6 +49,9 @@ export const NAMED_RUNS = [
   "chat",
   "mixed",
 ] as const;
+
+/** The tenants workloads, each run with fairness `tenants` and again `off` (the policies with a session window). */
+export const TENANT_RUNS = ["tenants-noisy", "tenants-weighted", "tenants-bands", "tenants-sizes"] as const;
 
 /** Loads tried, in order, to find where rr first misses its TTFT SLO for more than 10 % of requests. */
 export const MOONCAKE_KNEE_LOADS = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4] as const;
@@ -154,7 +159,10 @@ export async function runAll(argv: string[]): Promise<number> {
   });
   const outDir = resolve(values.out ?? join(HERE, "results"));
   const names = new Set(
-    (values.only ?? [...NAMED_RUNS, "mooncake", "pd", "http-sessions", "seeds", "others"].join(","))
+    (
+      values.only ??
+      [...NAMED_RUNS, "mooncake", ...TENANT_RUNS, "pd", "http-sessions", "seeds", "others"].join(",")
+    )
       .split(",")
       .map((s) => s.trim()),
   );
@@ -175,6 +183,8 @@ export async function runAll(argv: string[]): Promise<number> {
     process.stdout.write(
       `\n== ${name}\n${result.describe.join("\n")}\n${renderTable(result.report.output.results)}\n`,
     );
+    const tenants = renderTenantTable(result.report.output);
+    if (tenants) process.stdout.write(`\n${tenants}\n`);
     checks.push(...targetsOf(result.report.output));
     regret.push(...regretRows(result.report.output));
     problems.push(...result.report.problems.map((p) => `${name}: ${p}`));
@@ -190,6 +200,11 @@ export async function runAll(argv: string[]): Promise<number> {
     summary.mooncake_knee = knee;
     const result = await runWorkloadBench({ workload: "mooncake", loads: [knee.load], onProgress: log });
     finish("mooncake", result);
+  }
+  for (const name of TENANT_RUNS) {
+    if (!names.has(name)) continue;
+    const result = await runWorkloadBench({ workload: name, fairness: ["tenants", "off"], onProgress: log });
+    finish(name, result);
   }
   if (names.has("pd")) {
     try {

@@ -4,13 +4,21 @@ import type { Clock } from "../src/clock.js";
 import { VirtualClock } from "../src/clock.js";
 import type { Engine } from "../src/engine.js";
 import { EngineError, Refusal } from "../src/errors.js";
-import type { AdminState, AdmittedCall, CallRequest } from "../src/types.js";
+import type { AdminState, AdmittedCall, CallRequest, SchedulerEvents, SessionView } from "../src/types.js";
 import type { LowerBound, StepModel } from "./cost-model.js";
 import { lowerBound } from "./cost-model.js";
 import { type SessionInferenceScore, scoreSessionInference } from "./session-scoring.js";
 import { type CapacitySearch, largestLoadMet, SLO_CAPACITY_SHARE } from "./slo-capacity.js";
 import { quantile, round } from "./stats.js";
-import type { PlannedCall, Workload } from "./workloads/types.js";
+import { type TenantTracker, tenantTracker } from "./tenant-stats.js";
+import type { PlannedCall, Workload, WorkloadTenant } from "./workloads/types.js";
+
+/** How admission shares the window among tenants (docs/configuration.md): by weight and band, or arrival order. */
+export const FAIRNESS_MODES = ["tenants", "off"] as const;
+export type FairnessMode = (typeof FAIRNESS_MODES)[number];
+
+/** Policies whose admission has a session window, the only ones fairness can change. */
+export const WINDOWED_POLICIES: readonly BenchPolicy[] = ["concur", "sluice"];
 
 /** The policies the scheduler runs (SPEC 13): three baselines, CONCUR's session-count window, sluice. */
 export const BENCH_POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
@@ -24,12 +32,23 @@ export interface BenchScheduler {
   closeSession(id: string): unknown;
   state(): AdminState;
   idleCheck(): { permits: number; reservations: number; windowSlots: number; queued: number };
+  /** Where a session stands (its footprint, its phase), when the scheduler keeps sessions. */
+  getSession?(id: string): SessionView | undefined;
+  addEvents?(events: SchedulerEvents): void;
 }
 
 /** Builds the fleet of one policy run: fresh engines and a fresh scheduler on the run's clock. */
 export interface FleetFactory {
   createEngines(clock: Clock, replicas: number): Engine[];
-  createScheduler(options: { engines: Engine[]; clock: Clock; policy: BenchPolicy }): BenchScheduler;
+  createScheduler(options: {
+    engines: Engine[];
+    clock: Clock;
+    policy: BenchPolicy;
+    /** `tenants` workloads: each tenant's weight and band, for the scheduler's tenants file. */
+    tenants?: Record<string, WorkloadTenant>;
+    /** Set only when the run asks for a fairness mode; otherwise the scheduler's default. */
+    fairness?: FairnessMode;
+  }): BenchScheduler;
   /** Step-time coefficients of the engines, for the lower bound. */
   stepModel: StepModel;
   /** Name of the preset the engines run (for outputs). */
@@ -64,6 +83,56 @@ export interface ResultRow {
   rejected: Record<string, number>;
   /** With session keys off: inferred sessions against the workload's true sessions (docs/routing.md). */
   session_inference?: SessionInferenceScore;
+  /** `tenants` workloads: each tenant's numbers (docs/benchmarks.md). */
+  tenants?: Record<string, TenantStats>;
+  /** `tenants` workloads: Jain's index over service ÷ weight while two or more tenants had sessions waiting. */
+  fairness?: FairnessStats;
+}
+
+/** One tenant's numbers in a run of a `tenants` workload. */
+export interface TenantStats {
+  weight: number;
+  band: string;
+  sessions: number;
+  /** Sessions whose every call completed. */
+  completed: number;
+  session_completion_mean_s: number;
+  session_completion_p99_s: number;
+  ttft_p50_s: number;
+  ttft_p99_s: number;
+  /** Per session: its first call becoming ready → the session's first admission, s. */
+  first_admission_wait_p50_s: number;
+  first_admission_wait_p99_s: number;
+  first_admission_wait_max_s: number;
+  /** Sessions never admitted. */
+  never_admitted: number;
+  /** Footprint-token-seconds held while two or more tenants had sessions waiting, as a share of all tenants'. */
+  service_share: number;
+  /** Those footprint-token-seconds. */
+  service_token_s: number;
+  /** Footprint-token-seconds held over the whole run, as a share of all tenants'. */
+  service_share_run: number;
+  /** Prompt and output tokens of the tenant's completed calls, as a share of all tenants'. */
+  token_share: number;
+  /** Times a session of the tenant was paused, and by reason when the scheduler gives one. */
+  pauses: number;
+  pauses_by_reason: Record<string, number>;
+  /** Refusals of the tenant's calls (retried ones included), by reason. */
+  rejected: Record<string, number>;
+}
+
+/** Fairness over the intervals when two or more tenants had sessions waiting. */
+export interface FairnessStats {
+  /** Jain's index over service share ÷ weight of the tenants that took part. */
+  jain: number;
+  /** Largest ÷ smallest service share ÷ weight among them; null when one of them got none. */
+  share_over_weight_max_over_min: number | null;
+  /** How long two or more tenants had sessions waiting, s. */
+  contended_s: number;
+  /** The tenants the index is over: those that waited or held service in those intervals. */
+  tenants: string[];
+  /** The fairness mode the scheduler was given, when the run set one. */
+  mode?: FairnessMode;
 }
 
 /** Per-group (per-lane for `mixed`) numbers of one run. */
@@ -142,6 +211,8 @@ export interface PolicyRunOptions {
    * `session_inference`.
    */
   sessionKeys?: boolean;
+  /** Fairness mode passed to the scheduler; none: its default. */
+  fairness?: FairnessMode;
 }
 
 /** What happened to one call. */
@@ -152,6 +223,8 @@ export interface CallRecord {
   tokens: number;
   /** Time spent waiting for admission (ready → admitted, refusals, retry delays and failed attempts included), ms. */
   waitMs: number;
+  /** When its first attempt was admitted, ms; undefined if none was. */
+  admittedAt?: number;
   outcome: "pending" | "ok" | "refused" | "failed" | "abandoned";
 }
 
@@ -186,8 +259,17 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   const wallStart = performance.now();
   const clock = new VirtualClock();
   const engines = fleet.createEngines(clock, options.replicas);
-  const scheduler = fleet.createScheduler({ engines, clock, policy });
+  const scheduler = fleet.createScheduler({
+    engines,
+    clock,
+    policy,
+    ...(workload.tenants ? { tenants: workload.tenants } : {}),
+    ...(options.fairness !== undefined ? { fairness: options.fairness } : {}),
+  });
   const calls = workload.calls;
+  const tenants: TenantTracker | undefined = workload.tenants
+    ? tenantTracker(workload, scheduler, clock)
+    : undefined;
   const records: CallRecord[] = calls.map(() => ({
     readyAt: 0,
     firstTokenAt: undefined,
@@ -218,8 +300,9 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   const samples: Sample[] = [];
   const sampleEveryMs = options.sampleEveryMs ?? 1000;
 
-  const countRejection = (reason: string) => {
+  const countRejection = (reason: string, call?: PlannedCall) => {
     rejected[reason] = (rejected[reason] ?? 0) + 1;
+    if (call) tenants?.refused(call, reason);
   };
 
   /** Keys off: the session the scheduler counted each call in (its last attempt's). */
@@ -229,6 +312,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     const left = (sessionRemaining.get(call.sessionId) ?? 1) - 1;
     sessionRemaining.set(call.sessionId, left);
     if (left === 0) {
+      tenants?.closed(call.sessionId);
       try {
         scheduler.closeSession(call.sessionId);
       } catch (error) {
@@ -288,6 +372,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     const keepsContext = dependents[call.index]!.some((next) => calls[next]!.extendsAfter);
     // Waiting for admission starts when the call is ready and again after a failed attempt.
     let waitingSince = clock.now();
+    tenants?.waiting(call, prompt.length);
     for (let attempt = 0; ; attempt++) {
       const request: CallRequest = {
         requestId: `${call.id}-a${attempt}`,
@@ -298,22 +383,26 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
       };
       if (call.sessionId !== undefined && sessionKeys) request.sessionId = call.sessionId;
       if (call.declaredLane !== undefined) request.declaredLane = call.declaredLane;
+      if (call.tenant !== undefined) request.tenant = call.tenant;
       let admitted: AdmittedCall;
       try {
         admitted = await scheduler.submit(request);
       } catch (error) {
         if (!(error instanceof Refusal)) throw error;
-        countRejection(error.reason);
+        countRejection(error.reason, call);
         if (call.retry && error.retryAfterSeconds !== undefined) {
           await sleep(clock, error.retryAfterSeconds * 1000);
           continue;
         }
         record.waitMs += clock.now() - waitingSince;
+        tenants?.settled(call);
         finish(call, "refused");
         return;
       }
       record.waitMs += clock.now() - waitingSince;
       if (!sessionKeys) assigned[call.index] = admitted.sessionId;
+      record.admittedAt ??= clock.now();
+      tenants?.admitted(call);
       let firstTokenAt: number | undefined;
       let tokens = 0;
       const output: number[] = [];
@@ -343,17 +432,20 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
         }
       } catch (error) {
         if (!(error instanceof EngineError)) throw error;
-        countRejection("engine_error");
+        countRejection("engine_error", call);
         waitingSince = clock.now();
         if (call.retry) {
+          tenants?.waiting(call, prompt.length);
           await sleep(clock, 1000);
           continue;
         }
+        tenants?.settled(call);
         finish(call, "failed");
         return;
       }
       record.firstTokenAt = firstTokenAt ?? clock.now();
       record.tokens = tokens;
+      tenants?.settled(call, prompt.length + tokens);
       finish(call, "ok");
       return;
     }
@@ -394,6 +486,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   const sampleTick = () => {
     if (!sampling) return;
     sample();
+    tenants?.sample(sampleEveryMs);
     clock.setTimeout(sampleTick, sampleEveryMs);
   };
 
@@ -432,7 +525,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   signal?.throwIfAborted();
 
   const sessions = sessionTimes(calls, records);
-  const row = summarize({
+  const summary = summarize({
     sessions,
     policy,
     workload,
@@ -443,6 +536,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     recomputed,
     endMs: clock.now(),
   });
+  const row: ResultRow = tenants ? { ...summary, ...tenants.results(records, options.fairness) } : summary;
   if (!sessionKeys) {
     row.session_inference = scoreSessionInference(
       calls.map((call, i) => ({ trueSession: call.sessionId, assigned: assigned[i] })),
@@ -716,6 +810,16 @@ export interface BenchOutput {
   details: RunDetails[];
   /** Trace replays: each policy's SLO capacity (SPEC 13), with the loads its search tried. */
   slo_capacity?: SloCapacityOutput;
+  /** `tenants` workloads: some tenants' parts run with nobody else on the fleet, per policy and load. */
+  alone?: AloneRow[];
+}
+
+/** A tenant's numbers when its parts ran alone (the reference of the tenants targets). */
+export interface AloneRow {
+  policy: string;
+  load: number;
+  tenant: string;
+  stats: TenantStats;
 }
 
 /** Each policy's SLO capacity: the largest load at which `share` of calls met their TTFT SLO. */
@@ -736,6 +840,8 @@ export interface RunDetails {
   policy: string;
   load: number;
   describe: string;
+  /** The fairness mode the scheduler was given, when the run set one. */
+  fairness?: FairnessMode;
   wall_s?: number;
   unfinished?: number;
   idle_check?: PolicyRun["idle"];
@@ -748,7 +854,8 @@ export interface RunDetails {
 /** Everything a benchmark produced, for the JSON file, the table and the report. */
 export interface BenchReport {
   output: BenchOutput;
-  runs: { policy: BenchPolicy; load: number; run: PolicyRun }[];
+  /** `policy` is the row's label (`sluice (fairness off)` beside `sluice` when both modes ran). */
+  runs: { policy: string; base: BenchPolicy; fairness?: FairnessMode; load: number; run: PolicyRun }[];
   bounds: { load: number; bound: LowerBound }[];
   /** Runs whose scheduler did not return to idle, did not finish, or hit unexpected errors. */
   problems: string[];
@@ -771,6 +878,23 @@ export interface BenchOptions {
   sloCapacity?: CapacitySearch;
   /** Whether calls carry their session's key (default true; see `PolicyRunOptions.sessionKeys`). */
   sessionKeys?: boolean;
+  /**
+   * Fairness modes to run. The first applies to every policy; each later one
+   * runs again the policies with a session window, labelled `<policy> (fairness
+   * <mode>)`. None: the scheduler's default, set nowhere.
+   */
+  fairness?: readonly FairnessMode[];
+  /** `tenants` workloads: tenants whose parts also run alone under every policy, compiled at a load. */
+  alone?: { tenant: string; compile: (load: number) => Workload }[];
+}
+
+/** The label of a run: the policy, marked with its fairness mode when it is not the run's first. */
+export function runLabel(
+  policy: BenchPolicy,
+  fairness: FairnessMode | undefined,
+  first: FairnessMode | undefined,
+): string {
+  return fairness === undefined || fairness === first ? policy : `${policy} (fairness ${fairness})`;
 }
 
 /** Runs every policy at every load on the same workload and seed, plus the lower bound. */
@@ -782,12 +906,21 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
   const runs: BenchReport["runs"] = [];
   const bounds: BenchReport["bounds"] = [];
   const problems: string[] = [];
-  const runOne = async (workload: Workload, policy: BenchPolicy, load: number): Promise<PolicyRun> => {
+  const modes = options.fairness ?? [];
+  const runOne = async (
+    workload: Workload,
+    policy: BenchPolicy,
+    load: number,
+    fairness: FairnessMode | undefined = modes[0],
+    tag = "",
+  ): Promise<PolicyRun> => {
+    const label = `${runLabel(policy, fairness, modes[0])}${tag}`;
     const run = await runPolicy({
       workload,
       policy,
       replicas,
       fleet,
+      ...(fairness !== undefined ? { fairness } : {}),
       ...(options.sampleEveryMs !== undefined ? { sampleEveryMs: options.sampleEveryMs } : {}),
       ...(options.signal ? { signal: options.signal } : {}),
       ...(options.sessionKeys === false ? { sessionKeys: false } : {}),
@@ -795,36 +928,52 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
     });
     const r = run.row;
     progress(
-      `[${options.name}] ${policy} load ${load}: makespan ${r.makespan_s} s, goodput ${r.goodput_rps}/s, ` +
+      `[${options.name}] ${label} load ${load}: makespan ${r.makespan_s} s, goodput ${r.goodput_rps}/s, ` +
         `hit rate ${r.prefix_hit_rate}, ${r.completed}/${workload.calls.length} completed, wall ${run.wallS} s`,
     );
     const idleDirty = run.idle === null || Object.values(run.idle).some((v) => v !== 0);
     if (idleDirty)
-      problems.push(`${policy} load ${load}: scheduler not idle after the run: ${JSON.stringify(run.idle)}`);
-    if (run.unfinished > 0) problems.push(`${policy} load ${load}: ${run.unfinished} calls unfinished`);
-    for (const error of run.errors.slice(0, 5)) problems.push(`${policy} load ${load}: ${error}`);
-    if (run.errors.length > 5)
-      problems.push(`${policy} load ${load}: … ${run.errors.length - 5} more errors`);
+      problems.push(`${label} load ${load}: scheduler not idle after the run: ${JSON.stringify(run.idle)}`);
+    if (run.unfinished > 0) problems.push(`${label} load ${load}: ${run.unfinished} calls unfinished`);
+    for (const error of run.errors.slice(0, 5)) problems.push(`${label} load ${load}: ${error}`);
+    if (run.errors.length > 5) problems.push(`${label} load ${load}: … ${run.errors.length - 5} more errors`);
     return run;
   };
+  const alone: AloneRow[] = [];
   for (const load of options.loads) {
     const workload = options.compile(load);
     progress(`[${options.name}] load ${load}: ${workload.describe}`);
-    for (const policy of options.policies) {
-      const run = await runOne(workload, policy, load);
-      const r = run.row;
+    const variants: { policy: BenchPolicy; fairness: FairnessMode | undefined }[] = [];
+    for (const policy of options.policies) variants.push({ policy, fairness: modes[0] });
+    for (const fairness of modes.slice(1))
+      for (const policy of options.policies)
+        if (WINDOWED_POLICIES.includes(policy)) variants.push({ policy, fairness });
+    for (const { policy, fairness } of variants) {
+      const run = await runOne(workload, policy, load, fairness);
+      const label = runLabel(policy, fairness, modes[0]);
+      const r = { ...run.row, policy: label };
+      run.row = r;
       results.push(r);
       details.push({
-        policy,
+        policy: label,
         load,
         describe: workload.describe,
+        ...(fairness !== undefined ? { fairness } : {}),
         wall_s: run.wallS,
         unfinished: run.unfinished,
         idle_check: run.idle,
         errors: run.errors.slice(0, 20),
         groups: run.groups,
       });
-      runs.push({ policy, load, run });
+      runs.push({ policy: label, base: policy, ...(fairness !== undefined ? { fairness } : {}), load, run });
+    }
+    for (const reference of options.alone ?? []) {
+      const only = reference.compile(load);
+      for (const policy of options.policies) {
+        const run = await runOne(only, policy, load, modes[0], ` (${reference.tenant} alone)`);
+        const stats = run.row.tenants?.[reference.tenant];
+        if (stats) alone.push({ policy, load, tenant: reference.tenant, stats });
+      }
     }
     const { row, bound } = boundRow(fleet.stepModel, workload, replicas);
     results.push(row);
@@ -878,6 +1027,7 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
       results,
       details,
       ...(sloCapacity ? { slo_capacity: sloCapacity } : {}),
+      ...(alone.length > 0 ? { alone } : {}),
     },
     runs,
     bounds,

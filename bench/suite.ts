@@ -7,7 +7,7 @@ import { isPresetName } from "../adapters/engines/sim/presets.js";
 import { stepModelOfPreset } from "./cost-model.js";
 import { simFleet } from "./fleet.js";
 import { mainChartSvg, renderHtml } from "./report.js";
-import type { BenchPolicy, BenchReport } from "./run.js";
+import type { BenchPolicy, BenchReport, FairnessMode } from "./run.js";
 import { BENCH_POLICIES, runBench } from "./run.js";
 import {
   type CapacitySearch,
@@ -16,7 +16,9 @@ import {
   SLO_CAPACITY_SHARE,
 } from "./slo-capacity.js";
 import { compileWorkload, NAMED_WORKLOADS, resolveWorkload, withSeed } from "./workloads/index.js";
+import type { TenantsSpec } from "./workloads/schema.js";
 import { WorkloadError } from "./workloads/schema.js";
+import { onlyTenants } from "./workloads/tenants.js";
 
 export interface WorkloadBenchOptions {
   /** A built-in name (`agents`, `agents-256`, `mixed`, `mooncake`) or a workload JSON file. */
@@ -43,6 +45,16 @@ export interface WorkloadBenchOptions {
   sessionKeys?: boolean;
   /** Session inference of the scheduler under test (`--infer-sessions`, default on). */
   inferSessions?: "on" | "off";
+  /**
+   * Fairness modes (`tenants`, `off`): the first for every policy, each later
+   * one again for the policies with a session window. Default: none set.
+   */
+  fairness?: readonly FairnessMode[];
+  /**
+   * `tenants` workloads: tenants also run alone, as their targets' reference.
+   * Default: the built-in workload's.
+   */
+  alone?: readonly string[];
 }
 
 /** A finished benchmark and the lines that describe what ran. */
@@ -83,23 +95,34 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
       : false);
   const describe = [
     `workload ${resolved.name}: ${resolved.named?.summary ?? "from file"}`,
-    `fleet: ${replicas} × ${presetLabel(preset)}; policies ${policies.join(", ")}; loads ${loads.join(", ")}`,
+    `fleet: ${replicas} × ${presetLabel(preset)}; policies ${policies.join(", ")}; loads ${loads.join(", ")}` +
+      (options.fairness && options.fairness.length > 0 ? `; fairness ${options.fairness.join(", ")}` : ""),
   ];
   if (options.sessionKeys === false || options.inferSessions === "off") {
     describe.push(
       `session keys ${options.sessionKeys === false ? "off" : "on"}, session inference ${options.inferSessions ?? "on"}`,
     );
   }
+  const compileAt = (workloadSpec: typeof spec) => (load: number) =>
+    resolved.named?.build
+      ? resolved.named.build(workloadSpec, { name: resolved.name, load })
+      : compileWorkload(workloadSpec, {
+          name: resolved.name,
+          load,
+          ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
+        });
+  const aloneTenants = options.alone ?? resolved.named?.alone ?? [];
+  if (aloneTenants.length > 0 && spec.kind !== "tenants")
+    throw new WorkloadError(`workload ${resolved.name} has no tenants to run alone`);
+  const alone = aloneTenants.map((tenant) => {
+    const tenantsSpec = spec as TenantsSpec;
+    if (!Object.hasOwn(tenantsSpec.tenants, tenant))
+      throw new WorkloadError(`workload ${resolved.name} has no tenant ${JSON.stringify(tenant)}`);
+    return { tenant, compile: compileAt(onlyTenants(tenantsSpec, [tenant])) };
+  });
   const report = await runBench({
     name: resolved.name,
-    compile: (load) =>
-      resolved.named?.build
-        ? resolved.named.build(spec, { name: resolved.name, load })
-        : compileWorkload(spec, {
-            name: resolved.name,
-            load,
-            ...(resolved.baseDir !== undefined ? { baseDir: resolved.baseDir } : {}),
-          }),
+    compile: compileAt(spec),
     loads,
     policies,
     replicas,
@@ -113,6 +136,8 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
     ...(options.onProgress ? { onProgress: options.onProgress } : {}),
     ...(options.signal ? { signal: options.signal } : {}),
     ...(sloCapacity ? { sloCapacity } : {}),
+    ...(options.fairness && options.fairness.length > 0 ? { fairness: options.fairness } : {}),
+    ...(alone.length > 0 ? { alone } : {}),
   });
   if (sloCapacity) {
     describe.push(

@@ -2,10 +2,11 @@
 
 import { z } from "zod";
 import { renderSloCapacity, renderTable } from "../../bench/report.js";
-import type { BenchPolicy } from "../../bench/run.js";
-import { BENCH_POLICIES } from "../../bench/run.js";
+import type { BenchPolicy, FairnessMode } from "../../bench/run.js";
+import { BENCH_POLICIES, FAIRNESS_MODES } from "../../bench/run.js";
 import { DEFAULT_CAPACITY_BISECTIONS, DEFAULT_CAPACITY_GRID } from "../../bench/slo-capacity.js";
 import { runWorkloadBench, writeOutputs } from "../../bench/suite.js";
+import { renderTenantTable } from "../../bench/tenant-report.js";
 import { NAMED_WORKLOADS } from "../../bench/workloads/index.js";
 import { WorkloadError } from "../../bench/workloads/schema.js";
 import { ConfigError } from "../../src/config/config-error.js";
@@ -99,6 +100,28 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     help: `loads the SLO capacity search tries in order until one misses, then bisects ${DEFAULT_CAPACITY_BISECTIONS} times below it`,
   }),
   defineSetting({
+    flag: "fairness",
+    path: "fairness",
+    topic: RUN,
+    schema: z.array(z.enum(FAIRNESS_MODES as unknown as [FairnessMode, ...FairnessMode[]])),
+    env: null,
+    placeholder: "<list>",
+    expects: `modes from ${FAIRNESS_MODES.join(", ")}`,
+    defaultText: "the scheduler's (tenants)",
+    help: "how admission shares the window among tenants (tenants: by weight and band; off: arrival order); tenants,off runs the policies with a session window once more with the second mode, side by side",
+  }),
+  defineSetting({
+    flag: "alone",
+    path: "alone",
+    topic: RUN,
+    schema: z.array(z.string().min(1)),
+    env: null,
+    placeholder: "<list>",
+    expects: "tenant names of the workload",
+    defaultText: "the workload's",
+    help: "tenants workloads: tenants whose parts also run alone under every policy, as a reference",
+  }),
+  defineSetting({
     flag: "seed",
     path: "seed",
     topic: RUN,
@@ -183,6 +206,8 @@ interface BenchFlags {
   seed?: number;
   sessionKeys?: "on" | "off";
   inferSessions?: "on" | "off";
+  fairness?: FairnessMode[];
+  alone?: string[];
   json?: string;
   html?: string;
   svg?: string;
@@ -198,6 +223,9 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
   if (flags.policies?.length === 0) throw new ConfigError("--policies needs at least one policy");
   if (flags.loads?.length === 0) throw new ConfigError("--load needs at least one multiplier");
   if (flags.capacityGrid?.length === 0) throw new ConfigError("--capacity-grid needs at least one load");
+  if (flags.fairness?.length === 0) throw new ConfigError("--fairness needs at least one mode");
+  if (flags.fairness && new Set(flags.fairness).size !== flags.fairness.length)
+    throw new ConfigError("--fairness names a mode twice");
   const search = {
     grid: flags.capacityGrid ?? DEFAULT_CAPACITY_GRID,
     bisections: DEFAULT_CAPACITY_BISECTIONS,
@@ -226,6 +254,8 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
     ...(flags.policies !== undefined ? { policies: flags.policies } : {}),
     ...(flags.loads !== undefined ? { loads: flags.loads } : {}),
     ...(flags.seed !== undefined ? { seed: flags.seed } : {}),
+    ...(flags.fairness !== undefined ? { fairness: flags.fairness } : {}),
+    ...(flags.alone !== undefined ? { alone: flags.alone } : {}),
     ...(sloCapacity !== undefined ? { sloCapacity } : {}),
     ...(flags.sessionKeys === "off" ? { sessionKeys: false } : {}),
     ...(flags.inferSessions === "off" ? { inferSessions: "off" as const } : {}),
@@ -252,6 +282,8 @@ async function bench(argv: string[], flags: BenchFlags): Promise<number> {
     process.off("SIGINT", onSigint);
   }
   process.stdout.write(`${result.describe.join("\n")}\n\n${renderTable(result.report.output.results)}\n`);
+  const tenants = renderTenantTable(result.report.output);
+  if (tenants) process.stdout.write(`\n${tenants}\n`);
   const capacity = renderSloCapacity(result.report);
   if (capacity) process.stdout.write(`\n${capacity}\n`);
   const { json, html, svg } = flags;

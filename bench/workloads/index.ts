@@ -8,8 +8,9 @@ import { buildAdversarialWorkload } from "./adversarial.js";
 import { buildAgentsWorkload } from "./agents.js";
 import { buildMixedWorkload } from "./mixed.js";
 import { buildMooncakeWorkload } from "./mooncake-replay.js";
-import type { AgentsSpec, MixedSpec, WorkloadSpec } from "./schema.js";
+import type { AgentsSpec, MixedSpec, PartSpec, TenantsSpec, WorkloadSpec } from "./schema.js";
 import { parseWorkloadSpec, readWorkloadFile, WorkloadError } from "./schema.js";
+import { buildTenantsWorkload } from "./tenants.js";
 import type { Workload } from "./types.js";
 
 /** What a built-in workload needs to know about the fleet it runs on. */
@@ -27,6 +28,8 @@ export interface NamedWorkload {
   spec(fleet: FleetContext): WorkloadSpec;
   /** Built from its spec by a builder of its own rather than by the spec's kind (built-in only). */
   build?(spec: WorkloadSpec, options: { name: string; load: number }): Workload;
+  /** `tenants` workloads: tenants whose parts are also run alone, as the reference of their targets. */
+  alone?: string[];
 }
 
 const AGENTS = {
@@ -162,6 +165,104 @@ export function mixedAtCapacity(fleet: FleetContext): MixedSpec {
   };
 }
 
+/** The agents sessions of the tenants workloads: `agents`, sized per part. */
+function agentsPart(sessions: number, seed: number, overrides: Record<string, unknown> = {}): PartSpec {
+  return { ...structuredClone(AGENTS), sessions, seed, ...overrides } as unknown as PartSpec;
+}
+
+function tenantsSpec(name: string, value: Record<string, unknown>): TenantsSpec {
+  return parseWorkloadSpec({ kind: "tenants", ...value }, name) as TenantsSpec;
+}
+
+/**
+ * The tenants workloads (docs/benchmarks.md): a noisy neighbour, weights,
+ * bands, and calls of very unequal size. Each part has a seed of its own, so
+ * no two tenants share a system prompt.
+ */
+const TENANTS_WORKLOADS: Record<string, NamedWorkload> = {
+  "tenants-noisy": {
+    summary:
+      "tenant A: 64 agents sessions at 0 s; tenant B (same weight): 4 sessions of the same kind at 60 s; 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    alone: ["B"],
+    spec: () =>
+      tenantsSpec("tenants-noisy", {
+        tenants: { A: { weight: 1 }, B: { weight: 1 } },
+        parts: [
+          { tenant: "A", start_s: 0, workload: agentsPart(64, 1) },
+          { tenant: "B", start_s: 60, workload: agentsPart(4, 2) },
+        ],
+      }),
+  },
+  "tenants-weighted": {
+    summary:
+      "four tenants of weights 1:2:3:4, each with 6 × its weight agents sessions at 0 s (all backlogged); 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () =>
+      tenantsSpec("tenants-weighted", {
+        tenants: { w1: { weight: 1 }, w2: { weight: 2 }, w3: { weight: 3 }, w4: { weight: 4 } },
+        parts: [1, 2, 3, 4].map((w) => ({ tenant: `w${w}`, start_s: 0, workload: agentsPart(6 * w, w) })),
+      }),
+  },
+  "tenants-bands": {
+    summary:
+      "a sheddable tenant's 64 agents sessions at 0 s fill the window; a protected tenant's 4 sessions arrive at 60 s; 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    alone: ["ops"],
+    spec: () =>
+      tenantsSpec("tenants-bands", {
+        tenants: { batch: { band: "sheddable" }, ops: { band: "protected" } },
+        parts: [
+          { tenant: "batch", start_s: 0, workload: agentsPart(64, 1) },
+          { tenant: "ops", start_s: 60, workload: agentsPart(4, 2) },
+        ],
+      }),
+  },
+  "tenants-sizes": {
+    summary:
+      "tenant large: 16 one-call sessions of 32k–120k tokens; tenant small: 800 one-call sessions of 1–2k tokens; all at 0 s, the token budget saturated; 1 replica",
+    replicas: 1,
+    preset: "h100-llama3-8b",
+    loads: [1],
+    spec: () =>
+      tenantsSpec("tenants-sizes", {
+        tenants: { large: { weight: 1 }, small: { weight: 1 } },
+        parts: [
+          {
+            tenant: "large",
+            start_s: 0,
+            workload: agentsPart(16, 1, {
+              steps: [1, 1],
+              system_prompt_tokens: 0,
+              tool_output_tokens: [32_000, 120_000],
+              output_tokens: [100, 400],
+              tool_wait_s: [0, 0],
+              slo: { ttft_s: 60, tpot_s: 0.2 },
+            }),
+          },
+          {
+            tenant: "small",
+            start_s: 0,
+            workload: agentsPart(800, 2, {
+              steps: [1, 1],
+              system_prompt_tokens: 0,
+              tool_output_tokens: [1_000, 2_000],
+              output_tokens: [100, 400],
+              tool_wait_s: [0, 0],
+              slo: { ttft_s: 5, tpot_s: 0.1 },
+            }),
+          },
+        ],
+      }),
+  },
+};
+
 /** The built-in workloads, with the issue's parameters. */
 export const NAMED_WORKLOADS: Record<string, NamedWorkload> = {
   agents: {
@@ -268,6 +369,7 @@ export const NAMED_WORKLOADS: Record<string, NamedWorkload> = {
         "mooncake",
       ),
   },
+  ...TENANTS_WORKLOADS,
 };
 
 /** A workload chosen by name or file, not yet compiled at a load. */
@@ -297,9 +399,23 @@ export function resolveWorkload(nameOrFile: string, fleet: FleetContext): Resolv
   );
 }
 
-/** Overrides the seed of a spec that has one (`mooncake` replays a fixed trace and has none). */
+/**
+ * Overrides the seed of a spec that has one (`mooncake` replays a fixed trace
+ * and has none). A `tenants` workload shifts every part's seed by `seed − 1`,
+ * so seed 1 is the workload as written and the parts keep seeds of their own.
+ */
 export function withSeed(spec: WorkloadSpec, seed: number | undefined): WorkloadSpec {
   if (seed === undefined || spec.kind === "mooncake") return spec;
+  if (spec.kind === "tenants") {
+    return {
+      ...spec,
+      parts: spec.parts.map((part) =>
+        part.workload.kind === "mooncake"
+          ? part
+          : { ...part, workload: { ...part.workload, seed: part.workload.seed + seed - 1 } },
+      ),
+    };
+  }
   return { ...spec, seed };
 }
 
@@ -315,5 +431,7 @@ export function compileWorkload(
       return buildMixedWorkload(spec, options);
     case "mooncake":
       return buildMooncakeWorkload(spec, options);
+    case "tenants":
+      return buildTenantsWorkload(spec, options, compileWorkload);
   }
 }

@@ -91,16 +91,62 @@ export const mixedSpecSchema = z.strictObject({
   seed: z.number().int().default(1),
 });
 
-export const workloadSpecSchema = z.discriminatedUnion("kind", [
+/** Any workload a tenant's part may be (every kind but `tenants`). */
+const partWorkloadSchema = z.discriminatedUnion("kind", [
   agentsSpecSchema,
   mooncakeSpecSchema,
   mixedSpecSchema,
 ]);
 
+/** The priority bands of docs/configuration.md's tenants file, highest first. */
+export const TENANT_BANDS = ["protected", "standard", "sheddable"] as const;
+export type TenantBand = (typeof TENANT_BANDS)[number];
+
+/** One tenant of a `tenants` workload, as a tenants file describes it (weight > 0, band, optional max share). */
+const tenantSchema = z.strictObject({
+  weight: z.number().positive().default(1),
+  band: z.enum(TENANT_BANDS).default("standard"),
+  max_share: z.number().positive().max(1).optional(),
+});
+
+/** One tenant's sub-workload, shifted by `start_s`. */
+const tenantPartSchema = z.strictObject({
+  tenant: z.string().min(1),
+  start_s: z.number().nonnegative().default(0),
+  workload: partWorkloadSchema,
+});
+
+/** `kind: "tenants"`: several tenants' workloads on one fleet, each part naming a tenant of `tenants`. */
+export const tenantsSpecSchema = z
+  .strictObject({
+    kind: z.literal("tenants"),
+    tenants: z
+      .record(z.string().min(1), tenantSchema)
+      .refine((tenants) => Object.keys(tenants).length > 0, { message: "at least one tenant" }),
+    parts: z.array(tenantPartSchema).min(1),
+  })
+  .superRefine((spec, ctx) => {
+    spec.parts.forEach((part, i) => {
+      if (!Object.hasOwn(spec.tenants, part.tenant)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["parts", i, "tenant"],
+          message: `names no tenant of "tenants" (${Object.keys(spec.tenants).join(", ")})`,
+        });
+      }
+    });
+  });
+
+export const workloadSpecSchema = z.union([partWorkloadSchema, tenantsSpecSchema]);
+
 export type AgentsSpec = z.output<typeof agentsSpecSchema>;
 export type AgentsClass = z.output<typeof agentsClassSchema>;
 export type MooncakeSpec = z.output<typeof mooncakeSpecSchema>;
 export type MixedSpec = z.output<typeof mixedSpecSchema>;
+export type TenantsSpec = z.output<typeof tenantsSpecSchema>;
+export type TenantDef = z.output<typeof tenantSchema>;
+/** A workload a tenant's part may be. */
+export type PartSpec = z.output<typeof partWorkloadSchema>;
 export type WorkloadSpec = z.output<typeof workloadSpecSchema>;
 /** What a workload file may contain (ranges as numbers or pairs, defaults omitted). */
 export type WorkloadSpecInput = z.input<typeof workloadSpecSchema>;
@@ -122,6 +168,9 @@ export function describeIssues(error: z.ZodError): string {
       for (const key of issue.keys) lines.push(`unknown field "${fieldPath([...issue.path, key])}"`);
     } else if (issue.code === "invalid_union" && issue.path.length === 0 && "discriminator" in issue) {
       lines.push(`field "kind": expected "agents", "mooncake" or "mixed"`);
+    } else if (issue.code === "invalid_union" && issue.path.length > 0 && "discriminator" in issue) {
+      const path = issue.path.at(-1) === "kind" ? issue.path : [...issue.path, "kind"];
+      lines.push(`field "${fieldPath(path)}": expected "agents", "mooncake" or "mixed"`);
     } else {
       lines.push(`field "${fieldPath(issue.path)}": ${issue.message}`);
     }
@@ -135,12 +184,18 @@ export function parseWorkloadSpec(value: unknown, source = "workload"): Workload
     throw new WorkloadError(`${source}: a workload is a JSON object, got ${JSON.stringify(value)}`);
   }
   const kind = (value as { kind?: unknown }).kind;
-  if (kind !== "agents" && kind !== "mooncake" && kind !== "mixed") {
+  const schema =
+    kind === "tenants"
+      ? tenantsSpecSchema
+      : kind === "agents" || kind === "mooncake" || kind === "mixed"
+        ? partWorkloadSchema
+        : undefined;
+  if (!schema) {
     throw new WorkloadError(
-      `${source}: field "kind" must be "agents", "mooncake" or "mixed", got ${JSON.stringify(kind)}`,
+      `${source}: field "kind" must be "agents", "mooncake", "mixed" or "tenants", got ${JSON.stringify(kind)}`,
     );
   }
-  const parsed = workloadSpecSchema.safeParse(value);
+  const parsed = schema.safeParse(value);
   if (!parsed.success) throw new WorkloadError(`${source}: ${describeIssues(parsed.error)}`);
   return parsed.data;
 }

@@ -52,6 +52,8 @@ export interface PlannedCall {
   retry: boolean;
   /** A label to group results by (the lane for `mixed`). */
   group: string;
+  /** The tenant the call is made for (`tenants` workloads); none: the fleet's `default` tenant. */
+  tenant?: string;
 }
 
 /** A prefill computed once for many calls, counted once in the lower bound (e.g. a shared system prompt). */
@@ -61,7 +63,7 @@ export interface SharedPrefill {
 
 /** A workload compiled for one offered load. */
 export interface Workload {
-  kind: "agents" | "mooncake" | "mixed";
+  kind: "agents" | "mooncake" | "mixed" | "tenants";
   /** Name shown in outputs: a built-in name or the file it was read from. */
   name: string;
   /** Offered-load multiplier it was compiled at. */
@@ -70,4 +72,13 @@ export interface Workload {
   sharedPrefills: SharedPrefill[];
   /** Human-readable parameters, for reports. */
   describe: string;
+  /** `tenants` workloads: each tenant's weight and band, by name (the scheduler's tenants file). */
+  tenants?: Record<string, WorkloadTenant>;
+}
+
+/** A tenant of a `tenants` workload. */
+export interface WorkloadTenant {
+  weight: number;
+  band: "protected" | "standard" | "sheddable";
+  max_share?: number;
 }
