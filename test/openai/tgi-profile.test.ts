@@ -44,7 +44,7 @@ describe("TGI's series", () => {
     const signals = parseEngineMetrics(DECLARED);
     assert.equal(signals?.profile, "tgi");
     for (const field of ["running", "waiting", "kvUsage", "prefixCache", "kvCapacityTokens", "maxNumSeqs"]) {
-      assert.ok((signals?.unknown as readonly string[]).includes(field), field);
+      assert.ok(((signals?.unknown ?? []) as readonly string[]).includes(field), field);
     }
   });
 
@@ -53,8 +53,8 @@ describe("TGI's series", () => {
     assert.equal(signals?.profile, "tgi");
     assert.equal(signals?.waiting, 0);
     assert.equal(signals?.running, 0);
-    assert.ok(!(signals?.unknown as readonly string[]).includes("running"));
-    assert.ok(!(signals?.unknown as readonly string[]).includes("waiting"));
+    assert.ok(!((signals?.unknown ?? []) as readonly string[]).includes("running"));
+    assert.ok(!((signals?.unknown ?? []) as readonly string[]).includes("waiting"));
   });
 
   it("/info's max_total_tokens (2048) is the context window; this build states no max_batch_total_tokens, so capacity stays unknown", async () => {
