@@ -29,7 +29,8 @@ export interface BenchScheduler {
   start(): void;
   stop(): void | Promise<void>;
   submit(req: CallRequest): Promise<AdmittedCall>;
-  closeSession(id: string): unknown;
+  /** Closes the session a key names for a tenant (a session is its tenant's own). */
+  closeSession(id: string, tenant?: string): unknown;
   state(): AdminState;
   idleCheck(): { permits: number; reservations: number; windowSlots: number; queued: number };
   /** Where a session stands (its footprint, its phase), when the scheduler keeps sessions. */
@@ -314,7 +315,7 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     if (left === 0) {
       tenants?.closed(call.sessionId);
       try {
-        scheduler.closeSession(call.sessionId);
+        scheduler.closeSession(call.sessionId, call.tenant);
       } catch (error) {
         // A policy without sessions may not know the id; anything else is a bug worth seeing.
         if (!(error instanceof Refusal && error.reason === "session_not_found")) errors.push(describe(error));
@@ -511,7 +512,15 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
   sampling = false;
   const unfinished = calls.length - finished;
   // Keys off, no agent could close its session: they are closed here, after the last call, for the leak check.
-  if (!sessionKeys) for (const id of new Set(assigned)) if (id !== undefined) scheduler.closeSession(id);
+  if (!sessionKeys) {
+    const closing = new Set<string>();
+    calls.forEach((call, i) => {
+      const id = assigned[i];
+      if (id === undefined || closing.has(`${call.tenant ?? ""} ${id}`)) return;
+      closing.add(`${call.tenant ?? ""} ${id}`);
+      scheduler.closeSession(id, call.tenant);
+    });
+  }
   await scheduler.stop();
   let idle: PolicyRun["idle"] = null;
   try {
