@@ -45,21 +45,35 @@ describe("tenants over HTTP", () => {
         .tenants.map((tenant) => [tenant.tenant, tenant.band, tenant.weight]);
       assert.deepEqual(listed, [["batch", "sheddable", 1]], "no session ever counted for ops");
 
-      // Another tenant neither sees the session nor steps into it (so it cannot borrow its place either way).
+      // Another tenant neither sees the session nor steps into it (so it cannot borrow its place either
+      // way): the same key sent by another tenant names that tenant's own session.
       const other = await h.call("/v1/sessions/s1", { headers: { authorization: "Bearer key-ops-000001" } });
       assertRefusal(other.response, other.text, 404, "session_not_found");
+      const stepsBefore = view.steps;
       const intrude = await h.call("/v1/chat/completions", {
         method: "POST",
         headers: { authorization: "Bearer key-ops-000001", "x-session-id": "s1" },
         json: chat(),
       });
-      assertRefusal(intrude.response, intrude.text, 404, "session_not_found");
+      assert.equal(intrude.response.status, 200, intrude.text);
+      assert.equal(intrude.response.headers.get("x-sluice-tenant"), "ops");
+      const batchAfter = await h.call("/v1/sessions/s1", {
+        headers: { authorization: "Bearer key-batch-0001" },
+      });
+      assert.equal(batchAfter.json().steps, stepsBefore, "the batch tenant's session took no step of ops");
+      const opsOwn = await h.call("/v1/sessions/s1", { headers: { authorization: "Bearer key-ops-000001" } });
+      assert.equal(opsOwn.json().tenant, "ops");
+      assert.equal(opsOwn.json().steps, 1);
+      // Its DELETE closes its own session of that key, never the batch tenant's.
       const remove = await h.call("/v1/sessions/s1", {
         method: "DELETE",
         headers: { authorization: "Bearer key-ops-000001" },
       });
-      assertRefusal(remove.response, remove.text, 404, "session_not_found");
-      const admin = await h.call("/v1/sessions/s1", { headers: { authorization: "Bearer key-admin-0001" } });
+      assert.equal(remove.response.status, 204);
+      // An admin names the tenant when two tenants have held that key.
+      const admin = await h.call("/v1/sessions/s1?tenant=batch", {
+        headers: { authorization: "Bearer key-admin-0001" },
+      });
       assert.equal(admin.response.status, 200);
       assert.equal(admin.json().tenant, "batch");
       const closed = await h.call("/v1/sessions/s1", {

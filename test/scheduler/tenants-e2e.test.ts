@@ -53,7 +53,8 @@ async function run(fairness: "tenants" | "off") {
       }
       await sleep(2_000);
     }
-    scheduler.closeSession(id);
+    // A session is its tenant's own: closed by its key and tenant.
+    scheduler.closeSession(id, tenant);
     pending--;
   };
   const agents = [
