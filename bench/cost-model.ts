@@ -1,10 +1,10 @@
-/** @module The step-time model of SPEC 13.1 applied to whole workloads: batch-1 latencies, total work, the lower bound. */
+/** @module The step-time model of docs/simulator.md applied to whole workloads: batch-1 latencies, total work, the lower bound. */
 
 import type { PresetName, PresetOverrides, SimParams } from "../adapters/engines/sim/presets.js";
 import { resolveSimParams } from "../adapters/engines/sim/presets.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
-/** Step-time coefficients of a simulated replica (SPEC 13.1), all in ms. */
+/** Step-time coefficients of a simulated replica (docs/simulator.md), all in ms. */
 export interface StepModel {
   /** Fixed cost of one engine step, ms. */
   c0: number;
@@ -146,7 +146,7 @@ export interface LowerBound {
 }
 
 /**
- * SPEC 13's lower bound on makespan: the larger of (a) the longest chain of
+ * the documented lower bound on makespan: the larger of (a) the longest chain of
  * dependent calls, each at batch-1 speed with an ideal prefix cache, plus its
  * arrival time and tool waits, and (b) the work of every unique token spread
  * perfectly over the replicas. No schedule on these replicas can finish

@@ -1,4 +1,4 @@
-/** @module SPEC 13's `--json` document as a zod schema, so a results file can be checked by anyone who reads it. */
+/** @module the documented `--json` document as a zod schema, so a results file can be checked by anyone who reads it. */
 
 import { z } from "zod";
 
@@ -46,7 +46,7 @@ const fairnessSchema = z.strictObject({
   mode: z.enum(["tenants", "off"]).optional(),
 });
 
-/** One `results` entry: SPEC 13's fields, plus per-session admission waits and the refused share. */
+/** One `results` entry: the documented fields, plus per-session admission waits and the refused share. */
 export const resultRowSchema = z.strictObject({
   policy: policyLabel,
   load: z.number().positive(),

@@ -20,7 +20,7 @@ export type FairnessMode = (typeof FAIRNESS_MODES)[number];
 /** Policies whose admission has a session window, the only ones fairness can change. */
 export const WINDOWED_POLICIES: readonly BenchPolicy[] = ["concur", "sluice"];
 
-/** The policies the scheduler runs (SPEC 13): three baselines, CONCUR's session-count window, sluice. */
+/** The policies the scheduler runs (docs/benchmarks.md): three baselines, CONCUR's session-count window, sluice. */
 export const BENCH_POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
 export type BenchPolicy = (typeof BENCH_POLICIES)[number];
 
@@ -56,7 +56,7 @@ export interface FleetFactory {
   preset: string;
 }
 
-/** One row of SPEC 13's `results`. */
+/** One row of the documented `results`. */
 export interface ResultRow {
   policy: string;
   load: number;
@@ -167,7 +167,7 @@ export interface Sample {
   /** Calls waiting in gate queues, summed over the replicas. */
   queued: number;
   running: number;
-  /** Overload stage (SPEC 5): 0 normal, 1 bulk_paused, 2 shedding. */
+  /** Overload stage (docs/how-it-works.md#token-budget-and-feasibility): 0 normal, 1 bulk_paused, 2 shedding. */
   stage: number;
 }
 
@@ -605,7 +605,7 @@ function metSlo(call: PlannedCall, timing: Timing): boolean {
   );
 }
 
-/** SPEC 13's row from the call records and the engines' counters. */
+/** the documented row from the call records and the engines' counters. */
 function summarize(input: {
   policy: string;
   workload: Workload;
@@ -763,7 +763,7 @@ function groupStats(
   return out;
 }
 
-/** The `bound` row: SPEC 13's lower bound on makespan, and what an ideal run would show. */
+/** The `bound` row: the documented lower bound on makespan, and what an ideal run would show. */
 export function boundRow(
   model: StepModel,
   workload: Workload,
@@ -810,14 +810,14 @@ export function boundRow(
   };
 }
 
-/** SPEC 13's `--json` document, plus per-run details that are not part of the contract. */
+/** the documented `--json` document, plus per-run details that are not part of the contract. */
 export interface BenchOutput {
   workload: string;
   replicas: number;
   preset: string;
   results: ResultRow[];
   details: RunDetails[];
-  /** Trace replays: each policy's SLO capacity (SPEC 13), with the loads its search tried. */
+  /** Trace replays: each policy's SLO capacity (docs/benchmarks.md), with the loads its search tried. */
   slo_capacity?: SloCapacityOutput;
   /** `tenants` workloads: some tenants' parts run with nobody else on the fleet, per policy and load. */
   alone?: AloneRow[];
@@ -883,7 +883,7 @@ export interface BenchOptions {
   onProgress?: (line: string) => void;
   /** Aborts the benchmark between or inside policy runs. */
   signal?: AbortSignal;
-  /** Also searches each policy's SLO capacity (trace replays, SPEC 13); runs at `loads` are reused. */
+  /** Also searches each policy's SLO capacity (trace replays, docs/benchmarks.md); runs at `loads` are reused. */
   sloCapacity?: CapacitySearch;
   /** Whether calls carry their session's key (default true; see `PolicyRunOptions.sessionKeys`). */
   sessionKeys?: boolean;

@@ -1,5 +1,5 @@
 /**
- * @module SLO capacity (SPEC 13): the largest offered-load multiplier at which at least 90 % of
+ * @module SLO capacity (docs/benchmarks.md): the largest offered-load multiplier at which at least 90 % of
  * calls get their first token within their TTFT SLO (DistServe's goodput), found per policy by a
  * grid of loads and then bisection between the last load that met it and the first that did not.
  */

@@ -65,7 +65,7 @@ export interface SoakResult {
   completed: number;
   /** Refusals by `"<status> <reason>"`. */
   refused: Record<string, number>;
-  /** Refusals whose envelope broke SPEC 8 (no JSON, no reason, no Retry-After where due). */
+  /** Refusals whose envelope broke docs/http-api.md (no JSON, no reason, no Retry-After where due). */
   malformedRefusals: number;
   /** 5xx other than the overload status and 503, streams that ended with an error event, transport failures. */
   errors: number;
@@ -107,7 +107,7 @@ function prng(seed: number): () => number {
 }
 
 /**
- * The fleet's sustainable call rate (calls/s), derived from the step-time model (SPEC 13.1): at
+ * The fleet's sustainable call rate (calls/s), derived from the step-time model (docs/simulator.md): at
  * saturation each rank runs `max_num_seqs` = B calls; each call is one prefill of I tokens and O
  * decode steps, so a step carries B/O prefills and B decodes and lasts
  * `T = c0 + max(0, cPrefill·(B/O)·I + cDec·B − cPrefill·128) + cKv·B·(I + O/2) + cPfattn·(B/O)·I²/2`;

@@ -37,7 +37,7 @@ export interface WorkloadBenchOptions {
   /** Aborts the benchmark (rejects with the signal's reason). */
   signal?: AbortSignal;
   /**
-   * Each policy's SLO capacity (SPEC 13): a search, or false for none. Default: searched with the
+   * Each policy's SLO capacity (docs/benchmarks.md): a search, or false for none. Default: searched with the
    * default grid for trace replays, none for other workloads.
    */
   sloCapacity?: CapacitySearch | false;
@@ -87,7 +87,7 @@ export async function runWorkloadBench(options: WorkloadBenchOptions): Promise<W
   const loads = options.loads ?? resolved.named?.loads ?? [1];
   for (const load of loads) if (!(load > 0)) throw new WorkloadError(`loads must be > 0, got ${load}`);
   const policies = options.policies ?? BENCH_POLICIES;
-  // SPEC 13: a trace replay's headline is each policy's SLO capacity.
+  // docs/benchmarks.md: a trace replay's headline is each policy's SLO capacity.
   const sloCapacity =
     options.sloCapacity ??
     (spec.kind === "mooncake"

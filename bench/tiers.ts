@@ -38,7 +38,7 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 const PRESET = "h100-llama3-8b" as const;
 const REPLICAS = 4;
 /**
- * The policies compared (SPEC 13): no admission, the gate with least-loaded routing, the gate with
+ * The policies compared (docs/benchmarks.md): no admission, the gate with least-loaded routing, the gate with
  * request-level prefix routing, CONCUR's window, sluice.
  */
 export const TIER_POLICIES: readonly BenchPolicy[] = ["rr", "gate", "gate-prefix", "concur", "sluice"];
@@ -537,7 +537,7 @@ export async function runTiersBench(
         capacity.push({ policy, tiers, capacity: found.capacity, tried: found.tried });
       }
     }
-    // SPEC 13: per policy, and the ratio to rr with the same tiers.
+    // docs/benchmarks.md: per policy, and the ratio to rr with the same tiers.
     for (const entry of capacity) {
       const rr = capacity.find((c) => c.policy === "rr" && c.tiers === entry.tiers)?.capacity as number;
       entry.ratio_to_rr = rr > 0 ? round((entry.capacity as number) / rr, 3) : null;

@@ -1,6 +1,6 @@
 /** @module One `Refusal` type for every "no" sluice says, and its rendering as an OpenAI-style error. */
 
-/** Every machine-readable reason sluice refuses a call with (SPEC 8). */
+/** Every machine-readable reason sluice refuses a call with (docs/http-api.md). */
 export type RefusalReason =
   | "invalid_request"
   | "unauthorized"
@@ -56,7 +56,7 @@ export interface RefusalInit {
   cause?: unknown;
 }
 
-/** The HTTP status SPEC 8 gives each reason (`worker_overloaded`: 529 unless configured otherwise). */
+/** The HTTP status docs/http-api.md gives each reason (`worker_overloaded`: 529 unless configured otherwise). */
 export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   invalid_request: 400,
   unauthorized: 401,
@@ -85,12 +85,12 @@ export const REFUSAL_STATUS: Readonly<Record<RefusalReason, number>> = {
   job_not_found: 404,
 };
 
-/** The HTTP status SPEC 8 gives a reason (529 for `worker_overloaded` unless configured otherwise). */
+/** The HTTP status docs/http-api.md gives a reason (529 for `worker_overloaded` unless configured otherwise). */
 export function defaultStatus(reason: RefusalReason): number {
   return REFUSAL_STATUS[reason];
 }
 
-/** Whether a string is one of SPEC 8's reasons. */
+/** Whether a string is one of the documented reasons. */
 export function isRefusalReason(reason: string): reason is RefusalReason {
   return Object.hasOwn(REFUSAL_STATUS, reason);
 }
@@ -180,7 +180,7 @@ function errorTypeOf(reason: RefusalReason, status: number): ErrorType {
   return "invalid_request_error";
 }
 
-/** The SPEC 8 error envelope body. */
+/** The docs/http-api.md error envelope body. */
 export interface ErrorEnvelope {
   error: {
     message: string;
@@ -200,7 +200,7 @@ export interface RenderedRefusal {
   body: ErrorEnvelope;
 }
 
-/** Renders a refusal as SPEC 8's OpenAI-style envelope with its headers (`Retry-After` where due). */
+/** Renders a refusal as the documented OpenAI-style envelope with its headers (`Retry-After` where due). */
 export function renderRefusal(refusal: Refusal, requestId: string): RenderedRefusal {
   const headers: Record<string, string> = { "content-type": "application/json", "x-request-id": requestId };
   if (refusal.retryAfterSeconds !== undefined) headers["retry-after"] = String(refusal.retryAfterSeconds);
@@ -237,7 +237,7 @@ export class EngineError extends Error {
 /**
  * Any failure as a `Refusal`, so each transport maps everything through one
  * renderer: an engine failure and a call cancelled before it ran are 503
- * `unavailable` (SPEC 8 gives that reason one status); anything else is a 500.
+ * `unavailable` (docs/http-api.md gives that reason one status); anything else is a 500.
  */
 export function toRefusal(err: unknown): Refusal {
   if (err instanceof Refusal) return err;

@@ -1,4 +1,4 @@
-/** @module The library API of sluice (SPEC 3): re-exports only. */
+/** @module The library API of sluice (docs/library.md): re-exports only. */
 
 export * from "./budget/index.js";
 export { type Cancel, type Clock, flushMicrotasks, RealClock, realClock, VirtualClock } from "./clock.js";

@@ -61,7 +61,7 @@ export interface CallRequest {
    * shorten its lane's residence time, never lengthen it. 0: it may not wait for token budget.
    */
   queueTtlMs?: number;
-  /** How long the client expects to be away after this step, ms: a hint for its session's retention (SPEC 6). */
+  /** How long the client expects to be away after this step, ms: a hint for its session's retention (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
   expectedIdleMs?: number;
   /** Priority from the API key (higher is more important); never from a client header. Default 0. */
   priority?: number;
@@ -91,7 +91,7 @@ export interface AdmittedCall extends AsyncIterable<EngineChunk> {
   cancel(): void;
 }
 
-/** A session's state as SPEC 8 names it; a dormant session shows as `paused` (it left the window, keeps its pin). */
+/** A session's state as docs/http-api.md names it; a dormant session shows as `paused` (it left the window, keeps its pin). */
 export type SessionState = "waiting" | "active" | "paused" | "closed";
 
 /**
@@ -101,7 +101,7 @@ export type SessionState = "waiting" | "active" | "paused" | "closed";
  */
 export type SessionPhase = "waiting" | "active" | "idle" | "dormant" | "paused" | "closed";
 
-/** A session as the API shows it (SPEC 8). */
+/** A session as the API shows it (docs/http-api.md). */
 export interface SessionView {
   /** The client's key. */
   id: string;
@@ -112,9 +112,9 @@ export interface SessionView {
   tokens: number;
   /** Finer state: active sessions between steps are `idle`, idle ones out of the window `dormant`. */
   phase: SessionPhase;
-  /** Tokens the session holds in its window while active: context plus expected next growth (SPEC 6). */
+  /** Tokens the session holds in its window while active: context plus expected next growth (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
   footprint_tokens: number;
-  /** How long an idle session keeps its place before it may go dormant, ms (SPEC 6). */
+  /** How long an idle session keeps its place before it may go dormant, ms (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
   retention_ms: number;
   lane?: Lane;
   metadata?: Record<string, unknown>;
@@ -209,7 +209,7 @@ export interface ReplicaState {
   queuedPrefillTokens: number;
   inflightPrefillTokens: number;
   /** What the replica's adapter knows about the engine behind it, when it reads another system's metrics. */
-  /** The engine's second KV tier in host memory, when it has one (SPEC 13's simulated replica, vLLM offloading, LMCache, SGLang HiCache). */
+  /** The engine's second KV tier in host memory, when it has one (the documented simulated replica, vLLM offloading, LMCache, SGLang HiCache). */
   hostTier?: {
     /** Tokens; 0 when the engine states a tier but not its size in tokens. */
     capacityTokens: number;
@@ -307,7 +307,7 @@ export interface SchedulerEvents {
     /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms (0: it did not wait). */
     waitedMs?: number;
   }): void;
-  /** An idle session was given a retention time (SPEC 6), from its own gaps, the fleet's, or the client's hint. */
+  /** An idle session was given a retention time (docs/how-it-works.md#session-window-tokens-of-cache-footprint), from its own gaps, the fleet's, or the client's hint. */
   retention?(e: { replica: string; retentionMs: number; source: "own" | "fleet" | "hint" | "default" }): void;
   /** A replica's window law changed W, and why. */
   window?(e: {

@@ -1,4 +1,4 @@
-/** @module `sluice bench`: side-by-side policy comparison on simulated replicas in virtual time (SPEC 10, 13). */
+/** @module `sluice bench`: side-by-side policy comparison on simulated replicas in virtual time (docs/running.md and docs/benchmarks.md). */
 
 import { z } from "zod";
 import { renderSloCapacity, renderTable } from "../../bench/report.js";
@@ -28,7 +28,7 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     env: null,
     placeholder: "<name|file>",
     expects: "a workload name or a workload JSON file",
-    help: `built-in: ${Object.keys(NAMED_WORKLOADS).join(", ")}; or a workload JSON file (SPEC 13.2)`,
+    help: `built-in: ${Object.keys(NAMED_WORKLOADS).join(", ")}; or a workload JSON file (docs/benchmarks.md)`,
   }),
   defineSetting({
     flag: "sim-host-kv-tokens",
@@ -153,7 +153,7 @@ export const BENCH_SETTINGS: readonly Setting[] = [
     schema: z.string(),
     env: null,
     placeholder: "<file>",
-    help: "writes SPEC 13's JSON results",
+    help: "writes the documented JSON results",
   }),
   defineSetting({
     flag: "report",

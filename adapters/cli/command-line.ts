@@ -2,7 +2,7 @@
  * @module The command line shared by every `sluice` command: reading argv
  * against a command's settings (unknown flags get a "did you mean"), `-h` /
  * `--help` and `--version` everywhere, help grouped by topic with typed
- * placeholders, and the SPEC 9 resolution of flags and variables.
+ * placeholders, and the docs/configuration.md resolution of flags and variables.
  */
 
 import { readFileSync } from "node:fs";
@@ -156,7 +156,7 @@ export function readArgv(
 
 /**
  * Parses a command's argv and resolves its settings from flags, then
- * variables (SPEC 9). Only what a flag or variable set is in `values`.
+ * variables (docs/configuration.md). Only what a flag or variable set is in `values`.
  *
  * @throws ConfigError for a bad flag; bad variables only reach `warn`.
  */

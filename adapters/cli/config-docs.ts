@@ -53,7 +53,7 @@ export function renderConfigurationDoc(commands: readonly CommandSpec[] = DOCUME
     "(`schedulerConfigSchema` in src/config/scheduler-config.ts), so the command line accepts exactly what",
     "the scheduler does.",
     "",
-    "How a value is found (SPEC 9), per setting and independently of the others:",
+    "How a value is found, per setting and independently of the others:",
     "",
     "1. the flag (`--name value` or `--name=value`);",
     "2. the canonical variable (`SLUICE_*`);",

@@ -1,5 +1,5 @@
 /**
- * @module `sluice gate --upstream URL`: the per-rank backend gate (SPEC 4) as
+ * @module `sluice gate --upstream URL`: the per-rank backend gate (docs/how-it-works.md#per-rank-gate) as
  * a sidecar in front of one engine. It serves the OpenAI API (the same app as
  * `sluice serve`, with policy `gate` over one upstream) and a `/metrics` that
  * carries both its own gate metrics and the engine's, so frontends can put the

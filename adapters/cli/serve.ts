@@ -715,7 +715,7 @@ export function serveHelp(): string {
  * Turns `sluice serve` flags (and `SLUICE_*` variables) into `startServer`
  * options, holding only what was set (defaults stay with `startServer` and
  * the scheduler's schema). Throws `ConfigError` naming the flag and the value
- * for anything invalid; an invalid variable only warns (SPEC 9).
+ * for anything invalid; an invalid variable only warns (docs/configuration.md).
  */
 export async function serveOptionsFromArgs(
   argv: string[],

@@ -1,4 +1,4 @@
-/** @module The client's HTTP transport: sluice's OpenAI-compatible API and sessions API (SPEC 8). */
+/** @module The client's HTTP transport: sluice's OpenAI-compatible API and sessions API (docs/http-api.md). */
 
 import {
   type ChatChunk,

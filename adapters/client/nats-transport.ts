@@ -1,5 +1,5 @@
 /**
- * @module The client's NATS transport (SPEC 11): requests to `sluice.v1.*`,
+ * @module The client's NATS transport (docs/nats.md): requests to `sluice.v1.*`,
  * streamed steps on a private inbox ending at the `Sluice-Done` marker,
  * service errors turned back into `SluiceError`. While the connection is
  * down, calls fail at once with 503 `unavailable` (and calls in flight are

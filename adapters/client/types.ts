@@ -48,7 +48,7 @@ export interface SessionInfo {
   [field: string]: unknown;
 }
 
-/** The SPEC 8 error envelope. */
+/** The docs/http-api.md error envelope. */
 export interface ErrorEnvelope {
   error: {
     message: string;
@@ -61,7 +61,7 @@ export interface ErrorEnvelope {
   };
 }
 
-/** The HTTP status SPEC 8 gives each reason (used when a transport carries only the reason). */
+/** The HTTP status docs/http-api.md gives each reason (used when a transport carries only the reason). */
 export const REASON_STATUS: Readonly<Record<string, number>> = REFUSAL_STATUS;
 
 /**
@@ -71,7 +71,7 @@ export const REASON_STATUS: Readonly<Record<string, number>> = REFUSAL_STATUS;
  */
 export class SluiceError extends Error {
   readonly status: number;
-  /** The SPEC 8 reason, or `timeout` for a call that got no answer in time. */
+  /** The docs/http-api.md reason, or `timeout` for a call that got no answer in time. */
   readonly code: string;
   /** Seconds sluice asked the client to wait, when it said. */
   readonly retryAfterSeconds: number | undefined;

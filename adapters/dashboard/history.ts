@@ -17,7 +17,7 @@ export interface ReplicaSample {
   kvUsage: number;
   hitRate: number;
   windowTokens: number | null;
-  /** The sum of active sessions' footprints (SPEC 12's gauge). */
+  /** The sum of active sessions' footprints (the documented gauge). */
   footprintTokens: number | null;
   /** What those footprints hold of W: their sum less the shared prompt prefix counted more than once. */
   heldTokens: number | null;

@@ -1,4 +1,4 @@
-/** @module The HTTP API of SPEC 8 on hono: OpenAI-compatible completions, sessions, admin state, metrics, dashboard. */
+/** @module The HTTP API of docs/http-api.md on hono: OpenAI-compatible completions, sessions, admin state, metrics, dashboard. */
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -446,7 +446,7 @@ export function createApp(options: AppOptions): SluiceApp {
       const presented = presentedKey(c) ?? c.req.query("key");
       if (!isAdminCredential(presented)) {
         if (presented !== undefined && keys?.lookup(presented)) {
-          // Known but without the right: 403, with SPEC 8's reason, so clients that read reasons need nothing new.
+          // Known but without the right: 403, with the documented reason, so clients that read reasons need nothing new.
           throw new Refusal(
             "unauthorized",
             "this API key may not read admin routes: use the admin key (--admin-key) or a key with admin: true",

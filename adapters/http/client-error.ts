@@ -1,4 +1,4 @@
-/** @module Requests Node's HTTP parser rejects before any handler runs, answered with the SPEC 8 envelope. */
+/** @module Requests Node's HTTP parser rejects before any handler runs, answered with the docs/http-api.md envelope. */
 
 import type { EventEmitter } from "node:events";
 import type { Duplex } from "node:stream";

@@ -1,4 +1,4 @@
-/** @module Prometheus metrics of the per-rank gates (SPEC 12), read from the gates at scrape time. */
+/** @module Prometheus metrics of the per-rank gates (docs/metrics.md), read from the gates at scrape time. */
 
 import { Counter, Gauge, type Registry } from "prom-client";
 import type { BackendGate } from "../../src/gate/backend-gate.js";
@@ -22,7 +22,7 @@ export function registerGateMetrics(registry: Registry, gates: () => Iterable<Na
   const registers = [registry];
   const rankLabels = ["worker", "dp_rank"] as const;
 
-  // SPEC 12 fixes the `…_count` names, which Prometheus conventions keep for histograms and summaries
+  // docs/metrics.md fixes the `…_count` names, which Prometheus conventions keep for histograms and summaries
   // (`promtool check metrics` flags them); each is exposed again under a conventional name with the same labels.
   const occupancy = (
     names: { spec: string; conventional: string },

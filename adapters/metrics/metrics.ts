@@ -1,4 +1,4 @@
-/** @module Prometheus metrics of SPEC 12 on an injected registry: gauges read from snapshots, counters fed by scheduler events. */
+/** @module Prometheus metrics of docs/metrics.md on an injected registry: gauges read from snapshots, counters fed by scheduler events. */
 
 import { createRequire } from "node:module";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, type Registry } from "prom-client";
@@ -92,14 +92,14 @@ const STAGE_NUMBER: Record<OverloadStage, number> = { normal: 0, bulk_paused: 1,
 const LANES = ["interactive", "bulk"] as const;
 const OUTCOMES = ["ok", "error", "cancelled"] as const;
 const ROUTE_REASONS = ["pinned", "prefix", "load", "affinity_break"] as const;
-/** Every reason SPEC 8 names, so each refusal series exists (at zero) before the first refusal. */
+/** Every reason docs/http-api.md names, so each refusal series exists (at zero) before the first refusal. */
 export const REFUSAL_REASONS = Object.keys(REFUSAL_STATUS) as readonly string[];
 
 /** Label value for a refusal that happened before the call had a lane. */
 const NO_LANE = "none";
 
 /**
- * Registers every SPEC 12 metric (and the gate metrics) on `registry` and
+ * Registers every docs/metrics.md metric (and the gate metrics) on `registry` and
  * attaches event hooks to the scheduler. Per-replica gauges are read from one
  * `scheduler.state()` per scrape. Labels are bounded: replica ids, lanes,
  * reasons, outcomes; never a session or request id.
@@ -163,7 +163,7 @@ export function createMetrics(
   );
   perReplica(
     "sluice_session_window_tokens",
-    "Token window W of a replica: the KV tokens its active sessions may hold (SPEC 6).",
+    "Token window W of a replica: the KV tokens its active sessions may hold (docs/how-it-works.md#session-window-tokens-of-cache-footprint).",
     (r) => r.window.sizeTokens,
   );
   perReplica(

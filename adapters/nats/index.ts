@@ -1,5 +1,5 @@
 /**
- * @module The NATS adapter's public surface: the service (SPEC 11), the
+ * @module The NATS adapter's public surface: the service (docs/nats.md), the
  * shared state of scale-out on JetStream KV, and the entry point
  * `sluice serve --nats URL` loads.
  */

@@ -1,5 +1,5 @@
 /**
- * @module The NATS API's names (SPEC 11): subjects, headers, and how ids that
+ * @module The NATS API's names (docs/nats.md): subjects, headers, and how ids that
  * are not valid subject tokens or KV keys are written into them. Shared by the
  * service, the shared state and the client so both ends spell them alike.
  */
@@ -23,7 +23,7 @@ export const HEADERS = {
   lane: "Sluice-Lane",
   requestId: "Sluice-Request-Id",
   deadlineMs: "Sluice-Deadline-Ms",
-  /** How long the requester expects to be away after this step, ms (a retention hint, SPEC 6). */
+  /** How long the requester expects to be away after this step, ms (a retention hint, docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
   expectedIdleMs: "Sluice-Expected-Idle-Ms",
   /** The longest the call may wait in a sluice queue, ms: it only shortens the lane's residence time. */
   queueTtlMs: "Sluice-Queue-Ttl-Ms",

@@ -1,11 +1,11 @@
 /**
- * @module The NATS API of SPEC 11 on the services framework: `sluice.v1.chat`
+ * @module The NATS API of docs/nats.md on the services framework: `sluice.v1.chat`
  * (a step of a tool-call loop, whole or streamed one message per chunk) and
  * `sluice.v1.sessions.open|close|get`, discoverable through `$SRV.PING`,
  * `$SRV.INFO` and `$SRV.STATS`. Every instance joins one queue group, so
  * several frontends share the load; a step of a session another frontend
  * holds is handed to that frontend (the reply still goes straight to the
- * requester). Refusals are service errors carrying the SPEC 8 envelope.
+ * requester). Refusals are service errors carrying the docs/http-api.md envelope.
  */
 
 import {

@@ -21,7 +21,7 @@ export interface CallResponseOptions {
   ctx: ResponseContext;
   /** `stream_options.include_usage`: end the stream with a usage chunk. */
   includeUsage: boolean;
-  /** Renders a failure as the SPEC 8 envelope (the one mapping of errors). */
+  /** Renders a failure as the docs/http-api.md envelope (the one mapping of errors). */
   renderError: (err: unknown) => unknown;
   /** Runs once when the response is over, however it ended. */
   onEnd: () => void;

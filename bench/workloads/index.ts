@@ -45,7 +45,7 @@ const AGENTS = {
   seed: 1,
 } as const;
 
-/** `agents` with every session's draw from one of three size classes (SPEC 13's `agents-mixed`). */
+/** `agents` with every session's draw from one of three size classes (the documented `agents-mixed`). */
 const AGENTS_MIXED = {
   ...AGENTS,
   classes: [
@@ -56,7 +56,7 @@ const AGENTS_MIXED = {
 } as const;
 
 /**
- * The regimes where admission must not cost users (SPEC 13): each one an
+ * The regimes where admission must not cost users (docs/benchmarks.md): each one an
  * agents spec, sized so every policy runs in seconds of wall time.
  */
 const REGIMES = {

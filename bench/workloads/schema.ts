@@ -1,4 +1,4 @@
-/** @module Workload files (SPEC 13.2): zod schemas, defaults, and errors that name the offending field. */
+/** @module Workload files (docs/benchmarks.md): zod schemas, defaults, and errors that name the offending field. */
 
 import { readFileSync } from "node:fs";
 import { z } from "zod";
@@ -30,7 +30,7 @@ const slo = z.strictObject({
 });
 
 /**
- * One class of sessions of unequal size (SPEC 13.2 `classes`): its share of
+ * One class of sessions of unequal size (docs/benchmarks.md `classes`): its share of
  * the sessions, and any of the agents ranges it overrides for them.
  */
 const agentsClassSchema = z.strictObject({
@@ -42,7 +42,7 @@ const agentsClassSchema = z.strictObject({
   tool_wait_s: range("tool_wait_s").optional(),
 });
 
-/** SPEC 13.2 `kind: "agents"`. Omitted fields take the SPEC's example values. */
+/** docs/benchmarks.md `kind: "agents"`. Omitted fields take the documented example values. */
 export const agentsSpecSchema = z.strictObject({
   kind: z.literal("agents"),
   sessions: z.number().int().positive().default(64),
@@ -66,7 +66,7 @@ export const agentsSpecSchema = z.strictObject({
   seed: z.number().int().default(1),
 });
 
-/** SPEC 13.2 `kind: "mooncake"`: replay of a Mooncake trace (`trace` relative to the file, the cwd or the repo). */
+/** docs/benchmarks.md `kind: "mooncake"`: replay of a Mooncake trace (`trace` relative to the file, the cwd or the repo). */
 export const mooncakeSpecSchema = z.strictObject({
   kind: z.literal("mooncake"),
   trace: z.string().min(1),
@@ -82,7 +82,7 @@ const mixedLane = z.strictObject({
   slo,
 });
 
-/** SPEC 13.2 `kind: "mixed"`: open-loop interactive chat beside bulk document jobs. */
+/** docs/benchmarks.md `kind: "mixed"`: open-loop interactive chat beside bulk document jobs. */
 export const mixedSpecSchema = z.strictObject({
   kind: z.literal("mixed"),
   duration_s: z.number().positive(),

@@ -1,4 +1,4 @@
-/** @module Lane classification by declared intent and tokenized size (SPEC 3.4, 5). */
+/** @module Lane classification by declared intent and tokenized size (docs/library.md and docs/how-it-works.md#token-budget-and-feasibility). */
 
 import type { Lane, LaneClass } from "../types.js";
 
@@ -12,7 +12,7 @@ export interface LaneLimits {
   bulkMaxTotalTokens: number;
 }
 
-/** SPEC 5 defaults: interactive up to 4096 input and 1024 output tokens; no bulk limit. */
+/** docs/how-it-works.md#token-budget-and-feasibility defaults: interactive up to 4096 input and 1024 output tokens; no bulk limit. */
 export const DEFAULT_LANE_LIMITS: Readonly<LaneLimits> = Object.freeze({
   interactiveMaxInputTokens: 4096,
   interactiveMaxOutputTokens: 1024,

@@ -1,4 +1,4 @@
-/** @module Feasibility: predicted time to first token against the call's and its lane's deadline (SPEC 5). */
+/** @module Feasibility: predicted time to first token against the call's and its lane's deadline (docs/how-it-works.md#token-budget-and-feasibility). */
 
 import { Refusal } from "../errors.js";
 import { predictTtftMs as placementTtftMs } from "../routing/placement.js";

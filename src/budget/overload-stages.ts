@@ -1,4 +1,4 @@
-/** @module Overload stages with hysteresis, driven by the p95 interactive queue age per window (SPEC 5). */
+/** @module Overload stages with hysteresis, driven by the p95 interactive queue age per window (docs/how-it-works.md#token-budget-and-feasibility). */
 
 import type { Cancel, Clock } from "../clock.js";
 import { DEFAULT_OVERLOAD } from "../config/defaults.js";

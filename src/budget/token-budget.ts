@@ -1,4 +1,4 @@
-/** @module Per-replica token budget: reservations of `input + max_tokens` against the KV ceiling (SPEC 3.3, 5). */
+/** @module Per-replica token budget: reservations of `input + max_tokens` against the KV ceiling (docs/library.md and docs/how-it-works.md#token-budget-and-feasibility). */
 
 import { DEFAULT_GUARD_BAND_FRACTION } from "../config/defaults.js";
 import { Refusal } from "../errors.js";
@@ -68,7 +68,7 @@ function checkTokens(what: string, tokens: number): void {
 }
 
 /**
- * What a call reserves on a replica (SPEC 5): what it adds to the replica's KV, its prompt less the
+ * What a call reserves on a replica (docs/how-it-works.md#token-budget-and-feasibility): what it adds to the replica's KV, its prompt less the
  * prefix already in that replica's GPU memory (a prefix loaded from host memory takes GPU blocks
  * anew), plus the output it may generate there. Placement asks whether this fits before choosing a
  * replica; the scheduler reserves it after.

@@ -18,7 +18,7 @@ export class ConfigError extends Error {
   readonly flag: string | undefined;
   readonly variable: string | undefined;
   readonly value: unknown;
-  /** The process exit status an invalid setting ends start-up with (SPEC 9). */
+  /** The process exit status an invalid setting ends start-up with (docs/configuration.md). */
   readonly exitStatus = 2;
 
   constructor(message: string, details: ConfigErrorDetails = {}) {

@@ -1,4 +1,4 @@
-/** @module Resolves the gate's per-rank limits from flags, environment and the engine's capacity (SPEC 9). */
+/** @module Resolves the gate's per-rank limits from flags, environment and the engine's capacity (docs/configuration.md). */
 
 import { GATE_LIMIT_SETTINGS } from "./scheduler-settings.js";
 import { invalidFlag, resolveSetting } from "./settings.js";
@@ -112,7 +112,7 @@ export function resolveGateLimitsWithSources(input: GateLimitsInput = {}): {
 }
 
 /**
- * Resolves the gate's per-rank limits (SPEC 3.2 and 9).
+ * Resolves the gate's per-rank limits (docs/library.md and docs/configuration.md).
  *
  * @throws ConfigError when a flag is given with an invalid value; an invalid
  *   environment value is reported through `warn` and the next source is used.

@@ -10,17 +10,17 @@ import type { Policy, WindowUnit } from "./scheduler-config.js";
 export interface PolicyFeatures {
   /** How a call without a session pin is placed. */
   readonly placement: "round-robin" | "least-loaded" | "prefix";
-  /** The per-rank backend gate (SPEC 4). */
+  /** The per-rank backend gate (docs/how-it-works.md#per-rank-gate). */
   readonly gate: boolean;
-  /** Interactive and bulk lanes inside the gate (SPEC 5). */
+  /** Interactive and bulk lanes inside the gate (docs/how-it-works.md#token-budget-and-feasibility). */
   readonly lanes: boolean;
-  /** Per-replica token budget (SPEC 5). */
+  /** Per-replica token budget (docs/how-it-works.md#token-budget-and-feasibility). */
   readonly budget: boolean;
-  /** Refusal of calls whose predicted TTFT misses their deadline (SPEC 5). */
+  /** Refusal of calls whose predicted TTFT misses their deadline (docs/how-it-works.md#token-budget-and-feasibility). */
   readonly feasibility: boolean;
-  /** Overload stages: bulk paused, then shedding (SPEC 5). */
+  /** Overload stages: bulk paused, then shedding (docs/how-it-works.md#token-budget-and-feasibility). */
   readonly overload: boolean;
-  /** Session admission through a per-replica window, counted in this unit; null: none (SPEC 6). */
+  /** Session admission through a per-replica window, counted in this unit; null: none (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
   readonly window: WindowUnit | null;
   /**
    * Host-memory KV tiers seen by placement and the window (docs/tiers.md): the prefix index

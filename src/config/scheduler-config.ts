@@ -28,7 +28,7 @@ const ms = z.number().nonnegative();
 export const POLICIES = ["rr", "gate", "gate-prefix", "concur", "sluice"] as const;
 export type Policy = (typeof POLICIES)[number];
 
-/** What a session window counts: KV tokens of cache footprint (SPEC 6), or sessions (CONCUR's law). */
+/** What a session window counts: KV tokens of cache footprint (docs/how-it-works.md#session-window-tokens-of-cache-footprint), or sessions (CONCUR's law). */
 export const WINDOW_UNITS = ["tokens", "sessions"] as const;
 export type WindowUnit = (typeof WINDOW_UNITS)[number];
 
@@ -71,7 +71,7 @@ export const schedulerConfigSchema = z.strictObject({
   tenants: tenantsSchema.default({}),
   /** How long a session of a tenant below its entitlement (or of a higher band) waits before others are paused for it, ms. */
   fairReclaimAfterMs: ms.default(5000),
-  /** Router block size in tokens (SPEC 7). */
+  /** Router block size in tokens (docs/routing.md). */
   blockSize: positiveInt.default(64),
   /** `max_tokens` of a call that sets none. */
   defaultMaxTokens: positiveInt.default(1024),
@@ -112,7 +112,7 @@ export const schedulerConfigSchema = z.strictObject({
     .prefault({}),
   window: z
     .strictObject({
-      /** `tokens`: SPEC 6's token window; `sessions`: CONCUR's session-count law (also policy `concur`). */
+      /** `tokens`: the documented token window; `sessions`: CONCUR's session-count law (also policy `concur`). */
       unit: z.enum(WINDOW_UNITS).default("tokens"),
       /** Session-count law: window before the first control step, sessions. */
       initial: positiveInt.default(DEFAULT_AIMD_OPTIONS.initial),
@@ -134,7 +134,7 @@ export const schedulerConfigSchema = z.strictObject({
       /**
        * Token law: no thrash cut while W is within the KV capacity less the guard band (its
        * sessions' contexts all fit the cache, so what they lose was pushed out by calls the window
-       * does not govern). Off by default: SPEC 6 cuts W on thrash wherever it stands.
+       * does not govern). Off by default: docs/how-it-works.md#session-window-tokens-of-cache-footprint cuts W on thrash wherever it stands.
        */
       holdWithinCapacity: z.boolean().default(false),
     })
@@ -143,7 +143,7 @@ export const schedulerConfigSchema = z.strictObject({
     .strictObject({
       controlIntervalMs: z.number().positive().default(2000),
       idleTimeoutMs: z.number().positive().default(DEFAULT_SESSIONS.idleTimeoutMs),
-      /** Quantile of a session's (or the fleet's) idle gaps taken as its retention time (SPEC 6). */
+      /** Quantile of a session's (or the fleet's) idle gaps taken as its retention time (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
       retentionQuantile: z.number().gt(0).max(1).default(DEFAULT_SESSIONS.retentionQuantile),
       queueLimit: nonNegativeInt.default(DEFAULT_SESSIONS.queueLimit),
       waitLimitMs: ms.default(DEFAULT_SESSIONS.waitLimitMs),

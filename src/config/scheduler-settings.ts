@@ -16,9 +16,9 @@ import { defineSetting, fieldSchema, type Setting, type SettingSpec } from "./se
 /** Help topics of the scheduler's settings, in the order help shows them. */
 export const TOPICS = {
   policy: "Policy and calls",
-  gate: "Gate, per rank (SPEC 4, 9)",
+  gate: "Gate, per rank",
   lanes: "Lanes and routing",
-  window: "Session window (SPEC 6)",
+  window: "Session window",
   tokenWindow: "Token window (--window-unit tokens)",
   sessionWindow: "Session-count window (--window-unit sessions, policy concur)",
   sessions: "Sessions",
@@ -37,7 +37,7 @@ function configSetting(entry: Entry): Setting {
   });
 }
 
-/** The gate's per-rank limits (SPEC 9 table): flag, canonical variable and Dynamo alias. */
+/** The gate's per-rank limits (docs/configuration.md table): flag, canonical variable and Dynamo alias. */
 export const GATE_LIMIT_SETTINGS = {
   engineRequestLimit: configSetting({
     flag: "engine-request-limit",
@@ -202,7 +202,7 @@ export const SCHEDULER_SETTINGS: readonly Setting[] = [
     flag: "window-hold-within-capacity",
     field: "window.holdWithinCapacity",
     topic: TOPICS.tokenWindow,
-    help: "no thrash cut while W is within the KV capacity less the guard band (off: SPEC 6's law; docs/tiers.md)",
+    help: "no thrash cut while W is within the KV capacity less the guard band (off: the documented law; docs/tiers.md)",
   }),
   configSetting({
     flag: "window-initial-tokens",

@@ -1,7 +1,7 @@
 /**
  * @module Settings: one entry per flag. Each names the option it sets, its
  * environment variables and its zod schema (type, range, default); from that
- * entry come the text coercion of flags and environment values, the SPEC 9
+ * entry come the text coercion of flags and environment values, the docs/configuration.md
  * order of sources, the `--help` lines and docs/configuration.md. Adding a
  * flag is adding one entry.
  */
@@ -12,7 +12,7 @@ import { ConfigError } from "./config-error.js";
 /** How a setting's text becomes a value; inferred from its schema. */
 export type SettingKind = "int" | "number" | "enum" | "string" | "list" | "boolean";
 
-/** Where a resolved value came from (SPEC 9 order: flag, canonical env, Dynamo alias env). */
+/** Where a resolved value came from (docs/configuration.md order: flag, canonical env, Dynamo alias env). */
 export type SettingSource = "flag" | "env" | "alias";
 
 /** One flag and everything said about it. */
@@ -31,7 +31,7 @@ export interface Setting {
   readonly help: string;
   /** Canonical variable; null: flag only. */
   readonly env: string | null;
-  /** Dynamo's name for the same setting (SPEC 9). */
+  /** Dynamo's name for the same setting (docs/configuration.md). */
   readonly alias?: string;
   /** What an invalid value should have been, in words (`an integer from 400 to 599`). */
   readonly expects: string;
@@ -295,7 +295,7 @@ function offending(setting: Setting, raw: string | readonly string[]): string {
 /** A flag's value is set; `true` for a boolean flag given bare. */
 export type FlagValue = string | readonly string[] | true;
 
-/** The SPEC 9 message for an invalid flag. */
+/** The docs/configuration.md message for an invalid flag. */
 export function invalidFlag(setting: Setting, raw: string | readonly string[]): ConfigError {
   const value = setting.secret ? "…" : offending(setting, raw);
   return new ConfigError(`--${setting.flag} takes ${setting.expects}, got ${JSON.stringify(value)}`, {
@@ -305,7 +305,7 @@ export function invalidFlag(setting: Setting, raw: string | readonly string[]): 
 }
 
 /**
- * Resolves one setting from its sources in SPEC 9 order: the flag, then the
+ * Resolves one setting from its sources in docs/configuration.md order: the flag, then the
  * canonical variable, then the Dynamo alias. Undefined when none gives a
  * value (the caller's default applies).
  *
@@ -376,7 +376,7 @@ export interface ResolvedSettings {
 }
 
 /**
- * Resolves every setting (SPEC 9) into a nested object holding only what a
+ * Resolves every setting (docs/configuration.md) into a nested object holding only what a
  * flag or variable set; defaults stay with the code that owns them.
  */
 export function resolveSettings(

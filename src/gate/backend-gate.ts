@@ -1,4 +1,4 @@
-/** @module The per-rank backend gate (SPEC 4) with optional interactive/bulk lanes inside it (SPEC 5). */
+/** @module The per-rank backend gate (docs/how-it-works.md#per-rank-gate) with optional interactive/bulk lanes inside it (docs/how-it-works.md#token-budget-and-feasibility). */
 
 import { type Cancel, type Clock, realClock } from "../clock.js";
 import { DEFAULT_OVERLOAD_STATUS } from "../config/defaults.js";
@@ -18,7 +18,7 @@ export interface LaneQueueOptions {
   maxResidenceMs?: number;
 }
 
-/** Lanes inside the gate (SPEC 5). */
+/** Lanes inside the gate (docs/how-it-works.md#token-budget-and-feasibility). */
 export interface LaneOptions {
   /** Default residence 10 000 ms. */
   interactive?: LaneQueueOptions;

@@ -3,7 +3,7 @@
 import { Refusal } from "../errors.js";
 import type { Lane } from "../types.js";
 
-/** Whom a gate rejection concerns: the rejected call's rank only, or the whole replica (SPEC 4). */
+/** Whom a gate rejection concerns: the rejected call's rank only, or the whole replica (docs/how-it-works.md#per-rank-gate). */
 export type GateRejectionScope = "worker" | "rank";
 
 export interface GateRejectionInit {

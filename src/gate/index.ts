@@ -1,4 +1,4 @@
-/** @module The per-rank backend gate and its lanes (SPEC 3.1, 4, 5): re-exports only. */
+/** @module The per-rank backend gate and its lanes (docs/library.md and docs/how-it-works.md#per-rank-gate and docs/how-it-works.md#token-budget-and-feasibility): re-exports only. */
 
 export {
   type AcquireRequest,

@@ -1,5 +1,5 @@
 /**
- * @module Chained block hashes of a token sequence (SPEC 7): block i's hash covers every token of
+ * @module Chained block hashes of a token sequence (docs/routing.md): block i's hash covers every token of
  * blocks 0…i, so equal hashes mean equal prefixes, as in vLLM's prefix cache.
  */
 

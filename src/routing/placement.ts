@@ -1,5 +1,5 @@
 /**
- * @module Placement (SPEC 7): predicted time to first token per replica and the choice among them.
+ * @module Placement (docs/routing.md): predicted time to first token per replica and the choice among them.
  * Pure functions over a snapshot; the router owns the state (indexes, pins, busy marks).
  */
 
@@ -122,7 +122,7 @@ export interface PlacementCandidate {
    */
   hostLoadTokensPerSecond?: number;
   /**
-   * Tokens its token budget can still reserve (SPEC 5); absent when it keeps none. A call whose
+   * Tokens its token budget can still reserve (docs/how-it-works.md#token-budget-and-feasibility); absent when it keeps none. A call whose
    * reservation would not fit goes elsewhere while some replica can hold it: refused here, it
    * would only come back after a Retry-After.
    */
@@ -290,7 +290,7 @@ function fitsBudget(
 }
 
 /**
- * Chooses the replica for a call (SPEC 7), or undefined when no replica is eligible.
+ * Chooses the replica for a call (docs/routing.md), or undefined when no replica is eligible.
  *
  * - Ineligible replicas are never chosen. Busy replicas are skipped unless every eligible one is busy.
  * - Lower predicted TTFT wins (ties: more cached tokens, lower KV usage, candidate order).

@@ -1,5 +1,5 @@
 /**
- * @module Per-replica index of the block hashes sluice sent to it (SPEC 7): an LRU of at most the
+ * @module Per-replica index of the block hashes sluice sent to it (docs/routing.md): an LRU of at most the
  * replica's KV capacity in blocks, a model of what its prefix cache still holds.
  */
 

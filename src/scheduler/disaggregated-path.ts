@@ -64,7 +64,7 @@ export interface DisaggregatedContext {
   config: SchedulerConfig;
   /** Decode replicas of the fleet, in fleet order. */
   decodeReplicas: readonly ReplicaRuntime[];
-  /** SPEC 2 step 7 on one replica (queues, rejections, busy marks). */
+  /** step 7 of docs/how-it-works.md#the-request-path on one replica (queues, rejections, busy marks). */
   passGate(req: CallRequest, replica: ReplicaRuntime, lane: Lane, uncached: number): Promise<Permit | null>;
   /** The holdings of an admitted call: what its end gives back (permit, reservation, session step …). */
   holdings(held: HeldCall): CallHoldings;
@@ -211,7 +211,7 @@ export class DisaggregatedPath {
   }
 
   /**
-   * SPEC 2 steps 6–8 for a routed call. The prefill side's reservation and
+   * steps 6–8 of docs/how-it-works.md#the-request-path for a routed call. The prefill side's reservation and
    * permit are put in `holds` as they are taken, so the caller's release on
    * failure covers them; the decode side's are this method's to give back.
    */

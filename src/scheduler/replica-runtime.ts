@@ -41,7 +41,7 @@ export class ReplicaRuntime {
   readonly budgetQueue: BudgetQueue | null;
   /** CONCUR's session-count law, for the `sessions` window unit. */
   readonly window: AimdWindow | null;
-  /** SPEC 6's token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
+  /** the documented token law, for the `tokens` window unit; rebuilt when the engine first reports its capacity. */
   tokenWindow: TokenWindow | null;
   /** The fleet-wide prefix index this replica records into; null when the policy keeps none. */
   readonly index: FleetPrefixIndex | null;
@@ -234,7 +234,7 @@ export class ReplicaRuntime {
 
   /**
    * Queued prefill a new call of `lane` waits behind at the gate: all of it for bulk, or when one
-   * FIFO queue serves both lanes. An interactive call overtakes queued bulk calls (SPEC 5) except
+   * FIFO queue serves both lanes. An interactive call overtakes queued bulk calls (docs/how-it-works.md#token-budget-and-feasibility) except
    * for bulk's floor share f of the prefill tokens admitted while both lanes wait, so it waits
    * behind the interactive tokens queued I and at most `I · f / (1 − f)` bulk tokens. Counting the
    * whole queue would predict a short call the bulk backlog's wait and refuse it as

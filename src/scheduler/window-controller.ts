@@ -1,5 +1,5 @@
 /**
- * @module The window control of one replica per control interval (SPEC 6):
+ * @module The window control of one replica per control interval (docs/how-it-works.md#session-window-tokens-of-cache-footprint):
  * applies the replica's law — CONCUR's session count or the token window —
  * to the interval's signals, says why W moved, and offers the same step as a
  * function of another size for a window shared by several frontends. The
@@ -82,7 +82,7 @@ export function controlWindow(
   }
   const window = replica.tokenWindow;
   if (!window) return null;
-  // SPEC 6: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
+  // docs/how-it-works.md#session-window-tokens-of-cache-footprint: W_min defaults to the largest single footprint, so a cut never leaves the largest session no room alone.
   window.setFloor(Math.max(o.minTokens ?? 0, context.admission.largestFootprint(replica.id)));
   // H as the token window reads it: the share of the hits the router predicted that the cache
   // delivered, so a workload with little reuse is not taken for thrash (docs/how-it-works.md),
@@ -93,7 +93,7 @@ export function controlWindow(
   // does not govern (one-off calls, bounded by the gate and the budget), and halving it would only
   // make sessions wait. On the Mooncake conversation trace without a host tier, half of whose calls
   // are one-off, such cuts were most of the window's SLO misses (docs/tiers.md). Off by default:
-  // SPEC 6 cuts W on thrash wherever it stands.
+  // docs/how-it-works.md#session-window-tokens-of-cache-footprint cuts W on thrash wherever it stands.
   const fits =
     o.holdWithinCapacity &&
     window.size <= window.options.capacityTokens * (1 - window.options.guardBandFraction);

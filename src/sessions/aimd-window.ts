@@ -1,4 +1,4 @@
-/** @module The AIMD session-window law (SPEC 3.5, 6): one control step maps (KV usage, hit rate) to a window size. */
+/** @module The AIMD session-window law (docs/library.md and docs/how-it-works.md#session-window-tokens-of-cache-footprint): one control step maps (KV usage, hit rate) to a window size. */
 
 import { DEFAULT_WINDOW_LAW } from "../config/defaults.js";
 import { checkWindowThresholds } from "./window-thresholds.js";
@@ -23,7 +23,7 @@ export interface AimdOptions {
   hitLow: number;
 }
 
-/** SPEC 6 defaults: W = 8 in [1, 1024], α = 2, β = 0.5, U_low = 0.2, U_high = 0.5, H_low = 0.2. */
+/** docs/how-it-works.md#session-window-tokens-of-cache-footprint defaults: W = 8 in [1, 1024], α = 2, β = 0.5, U_low = 0.2, U_high = 0.5, H_low = 0.2. */
 export const DEFAULT_AIMD_OPTIONS: Readonly<AimdOptions> = Object.freeze({
   initial: 8,
   min: 1,

@@ -1,4 +1,4 @@
-/** @module Recent idle gaps (ms) and a high quantile of them: how soon a session is expected back (SPEC 6). */
+/** @module Recent idle gaps (ms) and a high quantile of them: how soon a session is expected back (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
 
 /**
  * A bounded window of the most recent gaps, kept both in arrival order (to

@@ -1,5 +1,5 @@
 /**
- * @module The token-window law (SPEC 3.5, 6): one control step maps a
+ * @module The token-window law (docs/library.md and docs/how-it-works.md#session-window-tokens-of-cache-footprint): one control step maps a
  * replica's KV usage, prefix hit rate and whether sessions wait to a window
  * W counted in tokens of cache footprint — as TCP counts its congestion
  * window in bytes, not packets. Admission mechanics live elsewhere and read
@@ -13,7 +13,7 @@ import { checkRatio, checkWindowThresholds } from "./window-thresholds.js";
 export interface TokenWindowOptions {
   /** The replica's KV capacity, tokens (> 0). */
   capacityTokens: number;
-  /** Share of the capacity kept free for wrong predictions (SPEC 5's guard band), 0–1. */
+  /** Share of the capacity kept free for wrong predictions (the documented guard band), 0–1. */
   guardBandFraction: number;
   /** First W; default: capacity less the guard band. */
   initial: number;
@@ -140,7 +140,7 @@ export class TokenWindow {
   }
 
   /**
-   * Raises the floor W may be cut to (SPEC 6: W_min defaults to the largest
+   * Raises the floor W may be cut to (docs/how-it-works.md#session-window-tokens-of-cache-footprint: W_min defaults to the largest
    * single footprint, so a cut never leaves the largest session without room
    * alone). Never below the configured min; W itself is raised to it at once.
    */

@@ -20,7 +20,7 @@ export function clampRatio(value: number): number {
 }
 
 /**
- * `Δhits / Δqueries` between consecutive readings (token-weighted, as SPEC 6
+ * `Δhits / Δqueries` between consecutive readings (token-weighted, as docs/how-it-works.md#session-window-tokens-of-cache-footprint
  * asks), fed once per control interval.
  *
  * - First reading: no interval exists yet, so the engine's lifetime ratio
@@ -106,7 +106,7 @@ export class HitRateMeter {
 
 /**
  * The share of the predicted hits the cache delivered: measured ÷ predicted hit rate, at most 1 —
- * the token window's reading of SPEC 6's H (docs/how-it-works.md). A cache that thrashes loses
+ * the token window's reading of the documented H (docs/how-it-works.md). A cache that thrashes loses
  * prefixes the router counted on; a workload with little reuse (the Mooncake conversation trace:
  * about 0.05 even with perfect routing) has a low hit rate that nothing lost, and reads as 1 here.
  * Undefined — no measurement, so no cut — when either rate is unmeasured, or the router predicted a

@@ -1,8 +1,8 @@
-/** @module Signal age and staleness: signals older than the limit count as saturated for new sessions (SPEC 6). */
+/** @module Signal age and staleness: signals older than the limit count as saturated for new sessions (docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
 
 import type { Clock } from "../clock.js";
 
-/** SPEC 6 default staleness limit, ms. */
+/** docs/how-it-works.md#session-window-tokens-of-cache-footprint default staleness limit, ms. */
 export const DEFAULT_STALE_AFTER_MS = 5000;
 
 /**

@@ -1,5 +1,5 @@
 /**
- * @module What the token window's law reads to tell thrash (SPEC 6) over its last few control
+ * @module What the token window's law reads to tell thrash (docs/how-it-works.md#session-window-tokens-of-cache-footprint) over its last few control
  * intervals: the prefix hits the router predicted against those the cache delivered, and the
  * replica's KV usage.
  */
@@ -38,7 +38,7 @@ function emptyInterval(): Interval {
 export interface ThrashReading {
   /** Predicted hit rate of the calls sent (the last one seen where none were sent); undefined before any. */
   predicted: number | undefined;
-  /** SPEC 6's H as the token window reads it (`deliveredHitShare`); undefined when not measured. */
+  /** the documented H as the token window reads it (`deliveredHitShare`); undefined when not measured. */
   delivered: number | undefined;
   /** The highest KV usage at the end of an interval of the horizon. */
   kvUsagePeak: number;

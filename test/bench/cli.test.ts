@@ -74,7 +74,7 @@ describe("sluice bench", () => {
     assert.match(result.stderr, /\[tiny\] sluice load 2: makespan/);
   });
 
-  it("writes SPEC 13's JSON: one row per policy and load, plus the bound", () => {
+  it("writes the documented JSON: one row per policy and load, plus the bound", () => {
     const doc = JSON.parse(readFileSync(json, "utf8"));
     const parsed = benchOutputSchema.safeParse(doc);
     assert.ok(parsed.success, parsed.success ? "" : JSON.stringify(parsed.error.issues));

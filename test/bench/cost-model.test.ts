@@ -33,7 +33,7 @@ function call(overrides: Partial<PlannedCall> & { index: number }): PlannedCall 
   };
 }
 
-describe("step-time model of SPEC 13.1 at batch 1 (h100-llama3-8b)", () => {
+describe("step-time model of docs/simulator.md at batch 1 (h100-llama3-8b)", () => {
   it("prefill of one chunk: c0 + linear beyond the floor credit + attention", () => {
     // 7 + (0.022·1000 − 0.022·128) + 1.3e-6·1000·500
     close(batch1PrefillMs(model, 1000, 0), 7 + 19.184 + 0.65, "1000 tokens");

@@ -57,7 +57,7 @@ const SMALL_MOONCAKE = workloadFile("small-mooncake", {
   slo: { ttft_s: 5, tpot_s: 0.1 },
 });
 
-/** Every policy ran to the end at every load, nothing leaked, and the document matches SPEC 13. */
+/** Every policy ran to the end at every load, nothing leaked, and the document matches docs/benchmarks.md. */
 function assertClean(report: BenchReport, offered: number, loads: readonly number[] = [1]): void {
   assert.deepEqual(report.problems, []);
   const parsed = benchOutputSchema.safeParse(report.output);

@@ -1,5 +1,5 @@
 /**
- * @module SLO capacity (SPEC 13): the search for the largest load at which 90 % of calls meet their
+ * @module SLO capacity (docs/benchmarks.md): the search for the largest load at which 90 % of calls meet their
  * TTFT SLO, and `sluice bench` reporting it per policy on a slice of the Mooncake conversation trace.
  */
 

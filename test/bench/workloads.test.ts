@@ -61,8 +61,8 @@ function throwsNaming(value: unknown, field: string): void {
   );
 }
 
-describe("workload files (SPEC 13.2)", () => {
-  it("accepts the SPEC's example exactly as written", () => {
+describe("workload files (docs/benchmarks.md)", () => {
+  it("accepts the documented example exactly as written", () => {
     const spec = agents();
     assert.equal(spec.sessions, 64);
     assert.deepEqual(spec.steps, [20, 20]);

@@ -1,4 +1,4 @@
-/** @module Lane classification edges (SPEC 3.4, 5). */
+/** @module Lane classification edges (docs/library.md and docs/how-it-works.md#token-budget-and-feasibility). */
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";

@@ -1,4 +1,4 @@
-/** @module Token budget: SPEC 5 worked example, reservations released exactly once, counters back to zero. */
+/** @module Token budget: docs/how-it-works.md#token-budget-and-feasibility worked example, reservations released exactly once, counters back to zero. */
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
@@ -15,7 +15,7 @@ describe("reservationTokens", () => {
 });
 
 describe("TokenBudget", () => {
-  it("reproduces the SPEC 5 worked example", () => {
+  it("reproduces the docs/how-it-works.md#token-budget-and-feasibility worked example", () => {
     const budget = new TokenBudget({ ceilingTokens: 96_000 });
     assert.equal(budget.guardTokens, 9600);
     const active = budget.tryReserve(58_000);

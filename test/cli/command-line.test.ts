@@ -109,12 +109,7 @@ describe("each command's run", () => {
 describe("help", () => {
   test("grouped by topic, every flag with a typed placeholder", () => {
     const help = renderHelp(SERVE_COMMAND);
-    for (const topic of [
-      "Server:",
-      "Engines:",
-      "Gate, per rank (SPEC 4, 9):",
-      "Token window (--window-unit tokens):",
-    ]) {
+    for (const topic of ["Server:", "Engines:", "Gate, per rank:", "Token window (--window-unit tokens):"]) {
       assert.ok(help.includes(`\n${topic}\n`), topic);
     }
     assert.match(help, /--port <int> +TCP port/);
@@ -133,7 +128,7 @@ describe("help", () => {
   });
 });
 
-describe("the session window's flags (SPEC 6)", () => {
+describe("the session window's flags (docs/how-it-works.md#session-window-tokens-of-cache-footprint)", () => {
   test("flags and SLUICE_* variables set the token window and session fields; the result is a valid configuration", async () => {
     const warnings: string[] = [];
     const options = await serveOptionsFromArgs(

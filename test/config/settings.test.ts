@@ -1,4 +1,4 @@
-/** @module Settings: text coercion, SPEC 9 order of sources, and ranges that agree with the constructors. */
+/** @module Settings: text coercion, docs/configuration.md order of sources, and ranges that agree with the constructors. */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
@@ -48,7 +48,7 @@ describe("text coercion", () => {
   });
 });
 
-describe("SPEC 9 order of sources", () => {
+describe("docs/configuration.md order of sources", () => {
   const settings = SCHEDULER_SETTINGS;
 
   test("flag over canonical variable over Dynamo alias; defaults stay unset", () => {

@@ -125,7 +125,7 @@ test("W and footprints on a token axis, sessions by state on a count axis, and w
   assert.notEqual(dashA ?? "", dashB ?? "", "replicas differ in line style");
   const wPath = await page.getAttribute('#panel-window path[data-name="gpu-b W"]', "d");
   assert.ok(wPath && /V/.test(wPath), "W is drawn as steps");
-  // The table keeps SPEC 12's plain sum and shows the shared part beside it.
+  // The table keeps the documented plain sum and shows the shared part beside it.
   const gpuB = await page.$$eval("#replica-table tr.replica", (rows) =>
     rows.map((row) => Array.from(row.querySelectorAll("td"), (td) => td.textContent)),
   );

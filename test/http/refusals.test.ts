@@ -71,7 +71,7 @@ describe("refusals after routing name the replica and the time spent", () => {
     assertIdle(scheduler);
   });
 
-  test("deadline_infeasible keeps Retry-After (SPEC 8) but says, and signals, not to retry unchanged", async () => {
+  test("deadline_infeasible keeps Retry-After (docs/http-api.md) but says, and signals, not to retry unchanged", async () => {
     const { call, scheduler } = harness();
     const { response, text } = await call("/v1/chat/completions", {
       method: "POST",
@@ -148,7 +148,7 @@ describe("keys", () => {
       assert.equal(
         body.error.code,
         "unauthorized",
-        "SPEC 8's reason, with the status that says the key is known",
+        "the documented reason, with the status that says the key is known",
       );
       assert.equal(body.error.type, "authentication_error");
       assert.match(body.error.message, /admin/);

@@ -176,7 +176,7 @@ describe("over a socket", () => {
     );
   });
 
-  test("/metrics over the socket is Prometheus text with the SPEC 12 families", async () => {
+  test("/metrics over the socket is Prometheus text with the docs/metrics.md families", async () => {
     const s = await start({ simPreset: { base: "h100-llama3-8b", c0: 2 } });
     assert.equal((await post(`${s.url}/v1/chat/completions`, chat())).status, 200);
     const response = await fetch(`${s.url}/metrics`);

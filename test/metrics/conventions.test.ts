@@ -1,4 +1,4 @@
-/** @module Metrics by Prometheus conventions beside SPEC 12's names: build info, ratios, hit and query counters, end-to-end and per-token histograms, series at zero, and `promtool check metrics` when it is installed. */
+/** @module Metrics by Prometheus conventions beside the documented names: build info, ratios, hit and query counters, end-to-end and per-token histograms, series at zero, and `promtool check metrics` when it is installed. */
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -11,7 +11,7 @@ import { chat, type Harness, MODEL, makeHarness } from "../http/harness.js";
 
 const PROMTOOL = "/usr/bin/promtool";
 
-/** SPEC 12 fixes these names; promtool flags them (gauges named `…_count`), so each has a conventional twin. */
+/** docs/metrics.md fixes these names; promtool flags them (gauges named `…_count`), so each has a conventional twin. */
 const SPEC_FIXED_FLAGGED = new Map([
   ["sluice_gate_engine_request_count", "sluice_gate_engine_requests"],
   ["sluice_gate_engine_request_waiting_count", "sluice_gate_engine_requests_waiting"],
@@ -108,7 +108,7 @@ test("build info, ratios, hit and query counters, end-to-end and per-token histo
   harness.scheduler.closeSession("conventions");
 });
 
-test("promtool check metrics: nothing flagged but the names SPEC 12 fixes", async (t) => {
+test("promtool check metrics: nothing flagged but the names docs/metrics.md fixes", async (t) => {
   if (!existsSync(PROMTOOL)) {
     t.skip(`${PROMTOOL} is not installed (apt-get install prometheus)`);
     return;
@@ -128,7 +128,7 @@ test("promtool check metrics: nothing flagged but the names SPEC 12 fixes", asyn
     assert.ok(SPEC_FIXED_FLAGGED.has(name), `promtool flags a name of our own: ${line}`);
     flagged.add(name);
   }
-  t.diagnostic(`promtool flags only SPEC-fixed names: ${[...flagged].join(", ") || "none"}`);
+  t.diagnostic(`promtool flags only fixed names: ${[...flagged].join(", ") || "none"}`);
 });
 
 test("the example alert rules query registered metrics and pass promtool check rules", async (t) => {

@@ -1,4 +1,4 @@
-/** @module SPEC 12 metrics: every name registered and fed, labels bounded, and the Grafana dashboard in step with them. */
+/** @module docs/metrics.md metrics: every name registered and fed, labels bounded, and the Grafana dashboard in step with them. */
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -6,7 +6,7 @@ import { afterEach, test } from "node:test";
 import { type MetricSample, parsePrometheusText } from "../../adapters/engines/openai/metrics-parser.js";
 import { chat, type Harness, makeHarness } from "../http/harness.js";
 
-/** Every metric name SPEC 12 lists. */
+/** Every metric name docs/metrics.md lists. */
 const SPEC_NAMES = [
   "sluice_gate_engine_request_count",
   "sluice_gate_engine_request_waiting_count",
@@ -69,7 +69,7 @@ function value(samples: MetricSample[], name: string, labels: Record<string, str
   return find(samples, name, labels).reduce((sum, s) => sum + s.value, 0);
 }
 
-test("/metrics exposes every SPEC 12 name, fed by real calls and refusals", async () => {
+test("/metrics exposes every docs/metrics.md name, fed by real calls and refusals", async () => {
   h = makeHarness({ config: { contextWindowTokens: 4096 } });
   const { call, scheduler } = h;
   for (let step = 0; step < 3; step++) {

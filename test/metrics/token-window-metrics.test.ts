@@ -1,4 +1,4 @@
-/** @module SPEC 12's token-window metrics per replica, fed by the scheduler's state and its `retention`, `session` and `window` events. */
+/** @module the documented token-window metrics per replica, fed by the scheduler's state and its `retention`, `session` and `window` events. */
 
 import assert from "node:assert/strict";
 import { test } from "node:test";

@@ -103,7 +103,7 @@ describe("sluice gate in front of one engine", () => {
     assert.deepEqual(frontend.idleCheck(), { permits: 0, reservations: 0, windowSlots: 0, queued: 0 });
   });
 
-  test("takes its limits from flags and SPEC 9 variables, and names a bad value", () => {
+  test("takes its limits from flags and docs/configuration.md variables, and names a bad value", () => {
     const options = gateOptionsFromArgs(
       ["--upstream", "http://127.0.0.1:8000", "--engine-request-limit", " 4 "],
       {

@@ -2,7 +2,7 @@
  * @module Hostile input over HTTP, property-based: invalid UTF-8 and JSON, wrong types, absurd numbers,
  * deep and huge bodies, prototype keys, hostile headers, bogus sessions — in process for volume
  * (`app.request` with the virtual clock) and raw over a real socket for what only a socket can carry.
- * Every input gets an answer (a completion or a SPEC 8 refusal, never a 500 or a hang), and afterwards
+ * Every input gets an answer (a completion or a docs/http-api.md refusal, never a 500 or a hang), and afterwards
  * every permit, reservation, queue place and window slot is back at zero.
  */
 
@@ -283,7 +283,7 @@ const KEYS = {
 };
 
 describe("hostile HTTP input, in process", () => {
-  test("every request gets a completion or a SPEC 8 refusal, never a 500; nothing stays held", async () => {
+  test("every request gets a completion or a docs/http-api.md refusal, never a 500; nothing stays held", async () => {
     // The instant replica answers at once, so thousands of cases stay cheap; keys are on, so 401 and 429 rate_limited are reachable.
     const h = makeHarness({ replicas: 2, preset: { base: "instant" }, keys: KEYS });
     try {

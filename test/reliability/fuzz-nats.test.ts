@@ -2,7 +2,7 @@
  * @module Hostile input over NATS, property-based, against a real `nats-server`: invalid UTF-8 and
  * JSON, wrong types, absurd numbers, deep and large payloads, prototype keys, hostile header values,
  * bogus session ids, on every endpoint and in streaming mode. Every request gets an answer — a reply
- * or a service error whose code and reason follow SPEC 8, never a 500 or silence — and afterwards
+ * or a service error whose code and reason follow docs/http-api.md, never a 500 or silence — and afterwards
  * every permit, reservation, queue place and window slot is back at zero.
  */
 
@@ -49,14 +49,14 @@ function count(outcome: string, klass: string): void {
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
-/** Checks a service error: a SPEC 8 status and reason in the headers, the same envelope as HTTP in the body. */
+/** Checks a service error: a docs/http-api.md status and reason in the headers, the same envelope as HTTP in the body. */
 function checkServiceError(msg: Msg, context: string): string {
   const status = Number(msg.headers?.get(HEADERS.serviceErrorCode));
   const reason = msg.headers?.get(HEADERS.serviceError) ?? "";
   const allowed = SPEC8_REASONS[status];
   assert.ok(
     allowed,
-    `service error code ${status} is not a SPEC 8 status (${context}): ${decoder.decode(msg.data).slice(0, 300)}`,
+    `service error code ${status} is not a docs/http-api.md status (${context}): ${decoder.decode(msg.data).slice(0, 300)}`,
   );
   assert.ok(allowed.includes(reason), `status ${status} with reason ${reason} (${context})`);
   const body = JSON.parse(decoder.decode(msg.data)) as { error: Record<string, unknown> };
@@ -109,7 +109,7 @@ describe("hostile NATS input", () => {
     await server?.close();
   });
 
-  test("every request gets a reply or a SPEC 8 service error, never a 500 or silence; nothing stays held", async () => {
+  test("every request gets a reply or a docs/http-api.md service error, never a 500 or silence; nothing stays held", async () => {
     const model = scheduler.models()[0]!;
     const chatBodies = bodyArb(chatTemplate(model), CHAT_FIELDS);
     const sessionBodies = sessionBodyArb().map((b) => described(b, `${b.klass} body, ${preview(b.bytes)}`));

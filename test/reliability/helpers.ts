@@ -1,4 +1,4 @@
-/** @module Shared checks of the reliability suite: SPEC 8 envelopes, counters back at zero, raw sockets, child processes. */
+/** @module Shared checks of the reliability suite: docs/http-api.md envelopes, counters back at zero, raw sockets, child processes. */
 
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
@@ -14,11 +14,11 @@ export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 /** The `sluice` bin. */
 export const SLUICE = join(ROOT, "adapters", "cli", "sluice.js");
 
-/** SPEC 8: the reasons each refusal status may carry. */
+/** docs/http-api.md: the reasons each refusal status may carry. */
 export const SPEC8_REASONS: Readonly<Record<number, readonly string[]>> = {
   400: ["invalid_request"],
   401: ["unauthorized"],
-  // Beyond SPEC 8's table: a known key without the right (admin routes), a wrong method on a known path.
+  // Beyond the documented table: a known key without the right (admin routes), a wrong method on a known path.
   403: ["unauthorized"],
   405: ["invalid_request"],
   404: ["model_not_found", "session_not_found"],
@@ -56,7 +56,7 @@ function header(headers: HeaderSource, name: string): string | null {
 }
 
 /**
- * Checks that a refusal is SPEC 8's envelope: a known status with one of its
+ * Checks that a refusal is the documented envelope: a known status with one of its
  * reasons, a known error type, the echoed request id, JSON content and, for
  * 429/503/529, a whole-seconds `Retry-After`. Returns the reason.
  */
@@ -75,7 +75,10 @@ export function checkRefusal(
       : options.transport && (status === 408 || status === 431)
         ? ["invalid_request"]
         : SPEC8_REASONS[status];
-  assert.ok(allowed, `status ${status} is not a SPEC 8 refusal status${where}: ${text.slice(0, 300)}`);
+  assert.ok(
+    allowed,
+    `status ${status} is not a docs/http-api.md refusal status${where}: ${text.slice(0, 300)}`,
+  );
   let body: { error?: Record<string, unknown> };
   try {
     body = JSON.parse(text) as { error?: Record<string, unknown> };
@@ -129,7 +132,7 @@ export function holdings(state: AdminState) {
   return totals;
 }
 
-/** SPEC 4's invariant on every gate: received = admittedDirect + admittedQueue + rejected + cancelled. */
+/** the documented invariant on every gate: received = admittedDirect + admittedQueue + rejected + cancelled. */
 export function assertGateInvariant(state: AdminState): void {
   for (const replica of state.replicas) {
     const c = replica.gate.counters;

@@ -1,4 +1,4 @@
-/** @module Tests of the TTFT prediction and the placement rules of SPEC 7. */
+/** @module Tests of the TTFT prediction and the placement rules of docs/routing.md. */
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";

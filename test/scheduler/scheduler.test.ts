@@ -346,7 +346,7 @@ describe("scheduler request path", () => {
       ),
       refusalWith("deadline_infeasible", 429),
     );
-    // … while an interactive call goes ahead of them (SPEC 5) and can.
+    // … while an interactive call goes ahead of them (docs/how-it-works.md#token-budget-and-feasibility) and can.
     let bulkAdmitted = false;
     bulk.then(
       () => {
@@ -581,7 +581,7 @@ describe("scheduler request path", () => {
   });
 
   for (const holdWithinCapacity of [false, true]) {
-    it(`${holdWithinCapacity ? "with --window-hold-within-capacity, does not cut" : "cuts (SPEC 6)"} a window within the KV capacity less the guard band on thrash`, async () => {
+    it(`${holdWithinCapacity ? "with --window-hold-within-capacity, does not cut" : "cuts (docs/how-it-works.md#session-window-tokens-of-cache-footprint)"} a window within the KV capacity less the guard band on thrash`, async () => {
       const { clock, scheduler, engines, windowTokens, start } = await loadedWindow({
         window: { holdWithinCapacity },
       });
@@ -862,7 +862,7 @@ describe("scheduler request path", () => {
     );
     const window = scheduler.state().replicas[0]!.window;
     assert.equal(window.active, 2, "12,050 + 12,050 > 20,000, but 8,000 of each are the same 125 blocks");
-    assert.equal(window.footprintTokens, 2 * 12_050, "SPEC 12: the sum of the footprints");
+    assert.equal(window.footprintTokens, 2 * 12_050, "docs/metrics.md: the sum of the footprints");
     assert.equal(window.sharedPrefixTokens, 8_000, "of which the shared prefix the window holds once");
     await run(clock, drain(a));
     await run(clock, drain(b));

@@ -1,4 +1,4 @@
-/** @module The AIMD window law, step by step (SPEC 3.5, 6). */
+/** @module The AIMD window law, step by step (docs/library.md and docs/how-it-works.md#session-window-tokens-of-cache-footprint). */
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";

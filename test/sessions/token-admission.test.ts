@@ -192,7 +192,7 @@ describe("token window admission", () => {
     assert.equal(await stepB, "r1");
     assert.equal(a.state, "dormant");
     assert.equal(a.replica, "r1");
-    assert.equal(admission.view(a).state, "paused", "SPEC 8 shows a dormant session as paused");
+    assert.equal(admission.view(a).state, "paused", "docs/http-api.md shows a dormant session as paused");
     assert.equal(admission.view(a).phase, "dormant");
     assert.ok(events.includes("a:dormant"));
     // Dormant a comes back ahead of a session never admitted.

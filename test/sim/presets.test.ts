@@ -1,4 +1,4 @@
-/** @module The step-time model of SPEC 13.1 against hand-computed batches, and preset resolution. */
+/** @module The step-time model of docs/simulator.md against hand-computed batches, and preset resolution. */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
@@ -112,7 +112,7 @@ describe("step-time model", () => {
 });
 
 describe("presets", () => {
-  test("KV capacities and block counts of SPEC 13.1", () => {
+  test("KV capacities and block counts of docs/simulator.md", () => {
     const blocks = (name: PresetName) => Math.floor(resolveSimParams(name).kvCapacityTokens / 16);
     assert.equal(blocks("h100-llama3-8b"), 27_437);
     assert.equal(blocks("h100x2-qwen3-32b"), 19_187);

@@ -65,7 +65,7 @@ export function upstreamBody(call: EngineCall, role: ReplicaRole = "both"): Reco
   applyKvTransfer(body, call, role);
   if (!call.stream) {
     // A client that does not stream gets one JSON answer: asking the upstream for the same is cheaper than
-    // parsing its events, and the permit's waiting part then ends at completion, as SPEC 4 allows.
+    // parsing its events, and the permit's waiting part then ends at completion, as docs/how-it-works.md#per-rank-gate allows.
     body.stream = false;
     delete body.stream_options;
     return body;

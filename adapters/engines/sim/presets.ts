@@ -1,4 +1,4 @@
-/** @module Step-time model and presets of the simulated replica (SPEC 13.1). */
+/** @module Step-time model and presets of the simulated replica (docs/simulator.md). */
 
 /** Names of the built-in presets. */
 export type PresetName =
@@ -81,7 +81,7 @@ function kvBytes(layers: number, kvHeads: number, headDim: number): number {
 }
 
 /**
- * The presets of SPEC 13.1 (BF16, H100 SXM, gpu_memory_utilization 0.9).
+ * The presets of docs/simulator.md (BF16, H100 SXM, gpu_memory_utilization 0.9).
  * `instant` keeps the 8B preset's KV size so prefix-cache counts stay meaningful.
  */
 export const PRESETS: Readonly<Record<PresetName, Readonly<SimParams>>> = {
@@ -287,7 +287,7 @@ export function kvTransferMsPerToken(params: SimParams): number {
 }
 
 /**
- * Duration of one step, ms (SPEC 13.1):
+ * Duration of one step, ms (docs/simulator.md):
  * `c0 + max(0, cPrefill·P + cDec·D − cPrefill·floorCreditTokens) + cKv·K + cPfattn·Σ t_i(s_i + t_i/2) + t_load·H`
  * with H the tokens loaded from the host tier in the step and `t_load` from
  * {@link hostLoadMsPerToken}. The load is serial with the step: the batch

@@ -116,7 +116,7 @@ export interface RankSignals {
 }
 
 /**
- * A discrete-event model of a vLLM replica (SPEC 13, 13.1): paged KV in
+ * A discrete-event model of a vLLM replica (docs/benchmarks.md and docs/simulator.md): paged KV in
  * blocks, automatic prefix caching with LRU eviction of unreferenced blocks,
  * continuous batching with chunked prefill, preemption by recompute, and the
  * step-time model of the chosen preset. It runs on the injected clock only.

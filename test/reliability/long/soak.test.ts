@@ -1,7 +1,7 @@
 /**
  * @module Overload soak, part of `npm run test:reliability` (not `npm test`): the embedded fleet at
  * 1.5 × its sustainable load for 60 s of real time (`SOAK_TEST_SECONDS` to change). Asserts
- * correctness — every refusal a SPEC 8 envelope, no errors, nothing held afterwards, bounded heap —
+ * correctness — every refusal a docs/http-api.md envelope, no errors, nothing held afterwards, bounded heap —
  * and nothing that depends on how fast the machine is: SLO attainment and event-loop lag measure the
  * machine as much as sluice, so they are reported (test diagnostics and
  * `test/artifacts/reliability.json`), never asserted. docs/reliability.md has the figures of record.
@@ -24,7 +24,7 @@ test(`${SECONDS} s at 1.5 × the sustainable load: no errors, refusals well-form
   );
 
   assert.equal(result.errors, 0, `errors under overload: ${result.errorSamples.join("; ")}\n${table}`);
-  assert.equal(result.malformedRefusals, 0, `refusals without a SPEC 8 envelope\n${table}`);
+  assert.equal(result.malformedRefusals, 0, `refusals without a docs/http-api.md envelope\n${table}`);
   assert.ok(result.admitted > 0, table);
   // Above capacity for certain (the rate is an upper bound of what the fleet can serve): something is refused.
   const refused = Object.values(result.refused).reduce((a, b) => a + b, 0);
