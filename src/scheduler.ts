@@ -196,7 +196,8 @@ export class Scheduler {
         this.config,
         this.features,
         this.prefixIndex,
-        options.budgetOrder,
+        // Band, then the tenants' fair shares, unless the caller orders the budget queues itself.
+        options.budgetOrder ?? ((waiter) => this.admission.budgetOrderKey(waiter.tenant)),
       );
       this.byId.set(engine.id, replica);
     }

@@ -33,6 +33,9 @@ export type SessionPlace =
   | { readonly state: "paused" | "dormant"; readonly replica: string; readonly since: number }
   | { readonly state: "closed"; readonly replica: string | null };
 
+/** The budget-queue key of every call while tenants do not share the windows. */
+const EVEN_BUDGET_KEY: readonly [number, number] = [0, 0];
+
 /** Why a session left its window at a step boundary: its tenant was over its share, a higher band waited, or the window shrank. */
 export type PauseReason = "fairness" | "priority" | "window";
 
@@ -346,6 +349,8 @@ export class SessionAdmission {
   private admittedSeq = 0;
   private filling = false;
   private readonly fairness: boolean;
+  /** The shares `budgetOrderKey` read, and when. */
+  private budgetShares: { at: number; shares: Map<string, TenantShare> } | null = null;
   private readonly reclaimAfterMs: number;
   private readonly ledger: TenantLedger;
   private readonly pauseCounts = new Map<string, Record<PauseReason, number>>();
@@ -1224,6 +1229,23 @@ export class SessionAdmission {
     } finally {
       this.filling = false;
     }
+  }
+
+  /**
+   * Where a call of `tenant` stands in its replica's budget queue (docs/tenants.md): its band's
+   * rank, then its tenant's usage ÷ entitlement. Equal for every call unless tenants share the
+   * windows now, so with one tenant (or fairness off) the queue keeps its own order.
+   */
+  budgetOrderKey(tenant: string | undefined): readonly [number, number] {
+    if (!this.sharing()) return EVEN_BUDGET_KEY;
+    const name = tenant || DEFAULT_TENANT;
+    const now = this.clock.now();
+    // The queue reads every waiter's key at each decision: the shares are worked out once per instant.
+    if (this.budgetShares === null || this.budgetShares.at !== now) {
+      this.budgetShares = { at: now, shares: this.shares() };
+    }
+    const band = BAND_RANK[this.ledger.peekPolicy(name).band];
+    return [band, this.budgetShares.shares.get(name)?.ratio ?? 0];
   }
 
   /** Whether admission follows the tenants' shares now: fairness on and sessions of more than one tenant open. */

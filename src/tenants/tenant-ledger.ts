@@ -49,17 +49,21 @@ export class TenantLedger {
     return this.account(name).policy;
   }
 
+  /** A tenant's policy without opening an account for it (a tenant seen only in one-off calls stays unlisted). */
+  peekPolicy(name: string): TenantPolicy {
+    return this.accounts.get(name)?.policy ?? this.policyOf(name);
+  }
+
+  private policyOf(name: string): TenantPolicy {
+    const spec = Object.hasOwn(this.specs, name) ? this.specs[name] : undefined;
+    return { name, weight: spec?.weight ?? 1, band: spec?.band ?? "standard", maxShare: spec?.max_share };
+  }
+
   account(name: string): TenantAccount {
     let account = this.accounts.get(name);
     if (!account) {
-      const spec = Object.hasOwn(this.specs, name) ? this.specs[name] : undefined;
       account = {
-        policy: {
-          name,
-          weight: spec?.weight ?? 1,
-          band: spec?.band ?? "standard",
-          maxShare: spec?.max_share,
-        },
+        policy: this.policyOf(name),
         usage: 0,
         serviceTokenMs: 0,
         virtualService: 0,
