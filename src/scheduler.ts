@@ -190,15 +190,12 @@ export class Scheduler {
     for (const engine of options.engines) {
       if (this.byId.has(engine.id))
         throw new RangeError(`engine ids must be unique, got "${engine.id}" twice`);
-      const replica = new ReplicaRuntime(
-        engine,
-        this.clock,
-        this.config,
-        this.features,
-        this.prefixIndex,
+      const replica = new ReplicaRuntime(engine, this.clock, this.config, this.features, this.prefixIndex, {
         // Band, then the tenants' fair shares, unless the caller orders the budget queues itself.
-        options.budgetOrder ?? ((waiter) => this.admission.budgetOrderKey(waiter.tenant)),
-      );
+        orderKey: options.budgetOrder ?? ((waiter) => this.admission.budgetOrderKey(waiter.tenant)),
+        // A full queue refuses the lowest band first.
+        shedRank: (waiter) => this.admission.budgetShedRank(waiter.tenant),
+      });
       this.byId.set(engine.id, replica);
     }
     this.replicas = [...this.byId.values()];

@@ -50,6 +50,12 @@ export interface BudgetQueueOptions {
   /** Order within a lane; default arrival order. */
   orderKey?: BudgetOrderKey;
   /**
+   * Which waiters give way when the queue is full: an arrival of a lower rank displaces the latest
+   * waiter of the highest rank above its own (refused as the arrival would have been). Default:
+   * none, the arrival is refused.
+   */
+  shedRank?: (waiter: BudgetWaiterView) => number;
+  /**
    * Retry-After of a refusal, seconds, given the tokens that must be freed before the call could be
    * granted (those of the calls waiting ahead of it, plus its own, less what is available). Default 1.
    */
@@ -107,7 +113,7 @@ interface Waiter extends BudgetWaiterView {
   cancelTimer: Cancel | undefined;
   onAbort: (() => void) | undefined;
   /** Only goes from "waiting" to one end, once. */
-  state: "waiting" | "granted" | "timed_out" | "cancelled";
+  state: "waiting" | "granted" | "timed_out" | "cancelled" | "displaced";
 }
 
 interface Grant {
@@ -162,6 +168,7 @@ export class BudgetQueue {
   private readonly bulkFloorShare: number;
   private readonly shareWindowMs: number;
   private readonly orderKey: BudgetOrderKey | undefined;
+  private readonly shedRank: ((waiter: BudgetWaiterView) => number) | undefined;
   private readonly retryAfter: (deficitTokens: number) => number;
   private readonly lanes: [Waiter[], Waiter[]] = [[], []];
   private seq = 0;
@@ -194,6 +201,7 @@ export class BudgetQueue {
     this.bulkFloorShare = floor;
     this.shareWindowMs = windowMs;
     this.orderKey = options.orderKey;
+    this.shedRank = options.shedRank;
     this.retryAfter = options.retryAfterSeconds ?? (() => 1);
     this.unsubscribe = budget.onRelease(() => this.drain());
   }
@@ -229,6 +237,7 @@ export class BudgetQueue {
         return Promise.resolve(reservation);
       }
     }
+    if (this.size >= this.limit && req.maxWaitMs > 0) this.displaceFor(req, now);
     if (this.size >= this.limit || req.maxWaitMs <= 0) {
       const full = this.size >= this.limit;
       if (full) this.counts.full++;
@@ -428,6 +437,41 @@ export class BudgetQueue {
     );
     // A head that held its place no longer holds anyone back.
     this.drain();
+  }
+
+  /** A full queue makes room for `req` by refusing the latest waiter of the highest rank above its own. */
+  private displaceFor(req: BudgetWaitRequest, now: number): void {
+    const rankOf = this.shedRank;
+    if (rankOf === undefined) return;
+    const own = rankOf({
+      tokens: req.tokens,
+      lane: req.lane,
+      tenant: req.tenant,
+      seq: this.seq,
+      enqueuedAtMs: now,
+    });
+    let victim: Waiter | undefined;
+    let victimRank = own;
+    for (const lane of this.lanes) {
+      for (const w of lane) {
+        const rank = rankOf(w);
+        if (rank > victimRank || (rank === victimRank && victim !== undefined && w.seq > victim.seq)) {
+          victim = w;
+          victimRank = rank;
+        }
+      }
+    }
+    if (victim === undefined) return;
+    const deficit = this.tokensAhead(victim.lane, victim) + victim.tokens;
+    this.leave(victim, "displaced");
+    this.counts.full++;
+    victim.reject(
+      this.refusal(
+        victim.lane,
+        deficit,
+        `the budget queue is full (${this.limit} calls) and a call of a higher band took this call's place`,
+      ),
+    );
   }
 
   private cancel(w: Waiter): void {

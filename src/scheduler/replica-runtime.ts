@@ -1,6 +1,6 @@
 /** @module Everything the scheduler keeps per replica: its gate, budget, window, prefix index and signals. */
 
-import { type BudgetOrderKey, BudgetQueue } from "../budget/budget-queue.js";
+import { BudgetQueue, type BudgetQueueOptions } from "../budget/budget-queue.js";
 import { TokenBudget } from "../budget/token-budget.js";
 import type { Clock } from "../clock.js";
 import { gateLimitsFromConfig } from "../config/gate-limits.js";
@@ -81,7 +81,8 @@ export class ReplicaRuntime {
     private readonly config: SchedulerConfig,
     features: PolicyFeatures,
     fleetIndex: FleetPrefixIndex | null = null,
-    budgetOrder?: BudgetOrderKey,
+    /** How its budget queue orders waiters and which give way when it is full (the tenants' bands and shares). */
+    budgetPolicy: Pick<BudgetQueueOptions, "orderKey" | "shedRank"> = {},
   ) {
     this.id = engine.id;
     this.engine = engine;
@@ -129,7 +130,7 @@ export class ReplicaRuntime {
           bulkFloorShare: features.lanes ? config.lanes.bulkFloorShare : 0,
           shareWindowMs: config.lanes.shareWindowMs,
           retryAfterSeconds: (deficit) => this.budgetDrainSeconds(deficit),
-          ...(budgetOrder ? { orderKey: budgetOrder } : {}),
+          ...budgetPolicy,
         })
       : null;
     this.window = features.window === "sessions" ? new AimdWindow({ ...config.window }) : null;

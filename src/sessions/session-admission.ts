@@ -1248,6 +1248,11 @@ export class SessionAdmission {
     return [band, this.budgetShares.shares.get(name)?.ratio ?? 0];
   }
 
+  /** Which calls of a full budget queue give way first: the band's rank with fairness on (sheddable highest), else all alike. */
+  budgetShedRank(tenant: string | undefined): number {
+    return this.fairness ? BAND_RANK[this.ledger.peekPolicy(tenant || DEFAULT_TENANT).band] : 0;
+  }
+
   /** Whether admission follows the tenants' shares now: fairness on and sessions of more than one tenant open. */
   private sharing(): boolean {
     return this.fairness && this.ledger.shared;
