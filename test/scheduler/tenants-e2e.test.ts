@@ -53,7 +53,7 @@ async function run(fairness: "tenants" | "off") {
       }
       await sleep(2_000);
     }
-    scheduler.closeSession(id);
+    scheduler.closeSession(id, tenant);
     pending--;
   };
   const agents = [
