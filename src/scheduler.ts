@@ -738,15 +738,23 @@ export class Scheduler {
     hostHit: number,
   ): void {
     if (!this.features.feasibility) return;
+    const queued = replica.queuedPrefillAheadOf(lane);
+    const inflight = replica.inflightPrefillTokens;
+    // Rate samples are first-token times, which include waiting behind other calls in the engine:
+    // a burst drives the estimate to its floor, and only a call that runs can move it back up. A
+    // replica with nothing running or queued is priced at the rate it started with, so it never
+    // refuses every call forever on an estimate no call may correct (docs/how-it-works.md).
+    const idle = replica.running === 0 && queued === 0 && inflight === 0;
+    const rate = replica.prefillRate.rate();
     const refusal = checkDeadline({
       // The model placement scored this replica by, over the queued prefill this call waits behind in
       // its lane: no more than placement counted, so a call is never placed by one prediction and
       // refused by a harsher one, and a short call is not refused for bulk work it overtakes.
       predictedTtftMs: predictTtftMs({
         uncachedPrefillTokens: uncached,
-        queuedPrefillTokens: replica.queuedPrefillAheadOf(lane),
-        inflightPrefillTokens: replica.inflightPrefillTokens,
-        prefillTokensPerSecond: replica.prefillRate.rate(),
+        queuedPrefillTokens: queued,
+        inflightPrefillTokens: inflight,
+        prefillTokensPerSecond: idle ? Math.max(rate, replica.prefillRate.prior) : rate,
         kvUsage: replica.signals.kvUsage,
         ...(hostHit > 0
           ? { hostLoadTokens: hostHit, hostLoadTokensPerSecond: replica.hostLoadTokensPerSecond() }

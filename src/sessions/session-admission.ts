@@ -554,7 +554,10 @@ export class SessionAdmission {
       session.expectedGrowthTokens = this.expectedGrowth(session);
     }
     if (session.running === 0 && session.waiters.length === 0) {
-      session.demandTokens = 0;
+      // Until a step completes, the footprint is the first step's prompt plus max_tokens
+      // (docs/how-it-works.md): a first step refused or failed leaves the session holding what its
+      // retry needs, not nothing, or the window would count it as room and admit others into it.
+      if (session.steps > 0) session.demandTokens = 0;
       session.idleSince = this.clock.now();
       this.retain(session);
     }

@@ -66,6 +66,14 @@ export class PrefillRateEstimator {
     return Math.max(this.options.floorTokensPerSecond, this.ewma);
   }
 
+  /**
+   * The rate assumed before any sample, tokens/s: what an idle replica is
+   * priced at, where no sample can come from until a call runs there.
+   */
+  get prior(): number {
+    return this.options.priorTokensPerSecond;
+  }
+
   /** Samples that moved the estimate. */
   get samples(): number {
     return this.count;

@@ -951,3 +951,54 @@ describe("the prefix index while a call runs", () => {
     });
   }
 });
+
+/** A simulated replica that can stall: each call waits `stallMs` before the engine starts it. */
+class Stalling extends BentSignals {
+  stallMs = 0;
+  constructor(
+    inner: SimEngine,
+    private readonly clock: VirtualClock,
+  ) {
+    super(inner);
+  }
+  override async generate(call: EngineCall): Promise<EngineStream> {
+    if (this.stallMs > 0) await new Promise<void>((resolve) => this.clock.setTimeout(resolve, this.stallMs));
+    return super.generate(call);
+  }
+}
+
+describe("feasibility on an idle replica", () => {
+  it("admits a call on a replica with nothing running although a stall drove the learned prefill rate to its floor", async () => {
+    const clock = new VirtualClock();
+    const engine = new Stalling(new SimEngine({ id: "r1", clock, preset: "h100-llama3-8b" }), clock);
+    const scheduler = new Scheduler({ engines: [engine], clock });
+    scheduler.start();
+    const rate = () => scheduler.state().replicas[0]!.signals.prefillTokensPerSecond;
+    // A burst through a stalled engine: every first token comes 40 s after admission, so each
+    // sample reads 2,000 tokens in 40 s and the estimate falls to its floor of 100 tokens/s.
+    engine.stallMs = 40_000;
+    const burst = await run(
+      clock,
+      Promise.all(
+        Array.from({ length: 40 }, (_, i) =>
+          scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(2000, i * 10_000) } })),
+        ),
+      ),
+    );
+    await run(clock, Promise.all(burst.map(drain)));
+    assert.equal(rate(), 100);
+    assertIdle(scheduler);
+    // Nothing runs now: at 100 tokens/s a 2,000-token call would be predicted 20 s, over the
+    // interactive lane's 10 s, and refused every time it came back, since only a call that runs
+    // brings a new sample. The idle replica prices it at its starting rate instead.
+    engine.stallMs = 0;
+    const call = await run(
+      clock,
+      scheduler.submit(request({ input: { kind: "tokens", tokens: tokens(2000, 900_000) } })),
+    );
+    await run(clock, drain(call));
+    assert.ok(rate() > 100, `the call's own sample moves the estimate up again, got ${rate()}`);
+    assertIdle(scheduler);
+    await scheduler.stop();
+  });
+});

@@ -273,3 +273,40 @@ describe("tenants in session admission", () => {
     isZero();
   });
 });
+
+describe("a first step refused after admission", () => {
+  it("keeps its session's footprint in the window, so tenants' order admits no one into room it does not have", async () => {
+    const { admission, step, isZero, closeAll } = setup({ large: {}, small: {} });
+    const settle = () => new Promise((resolve) => setImmediate(resolve));
+    const big = step("big", "large", 6_000);
+    const a = step("a", "small", 3_000);
+    assert.equal(await big.admitted, "r1");
+    assert.equal(await a.admitted, "r1");
+    const b = step("b", "small", 3_000);
+    let bAdmitted = false;
+    b.admitted.then(() => {
+      bAdmitted = true;
+    });
+    await settle();
+    assert.equal(bAdmitted, false, "6,000 + 3,000 + 3,000 > 10,000: b waits");
+    // a's first call is refused further on (token budget, feasibility): no step of it completed, and
+    // its client retries, so it still needs its first step's 3,000 tokens.
+    admission.endStep(a.session, { completed: false });
+    await settle();
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 9_000);
+    assert.equal(bAdmitted, false, "the room a's retry needs is not room for b");
+    const retry = admission.acquireStep(a.session, (c) => c[0], undefined, {
+      promptTokens: 3_000,
+      maxTokens: 0,
+    });
+    assert.equal(await retry, "r1");
+    assert.equal(admission.replicaCounts("r1").footprintTokens, 9_000, "the retry fits the window it kept");
+    admission.endStep(a.session, { completed: true, contextTokens: 3_000 });
+    admission.close("a");
+    assert.equal(await b.admitted, "r1", "a's place freed, b is admitted");
+    admission.endStep(big.session, { completed: true, contextTokens: 6_000 });
+    admission.endStep(b.session, { completed: true, contextTokens: 3_000 });
+    closeAll("big", "b");
+    isZero();
+  });
+});
