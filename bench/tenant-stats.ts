@@ -4,25 +4,14 @@
  */
 
 import type { Clock } from "../src/clock.js";
+/** Jain's fairness index: the scheduler's own, so the benchmark and the dashboard agree. */
+import { jainIndex } from "../src/tenants/fair-share.js";
 import type { SessionView } from "../src/types.js";
 import type { CallRecord, FairnessMode, FairnessStats, TenantStats } from "./run.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
-/**
- * Jain's fairness index, (Σx)² ÷ (n·Σx²): 1 when every value is equal, 1/n when one
- * holds everything. 1 for no values or all zeros (nobody was treated differently).
- */
-export function jainIndex(values: readonly number[]): number {
-  let sum = 0;
-  let squares = 0;
-  for (const x of values) {
-    sum += x;
-    squares += x * x;
-  }
-  if (values.length === 0 || squares === 0) return 1;
-  return (sum * sum) / (values.length * squares);
-}
+export { jainIndex };
 
 /** What the tracker reads from the scheduler. */
 export interface TrackedScheduler {

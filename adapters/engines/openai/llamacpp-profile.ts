@@ -10,7 +10,7 @@
  */
 
 import type { ParsedExposition } from "./exposition.js";
-import type { ScrapedSignals, SignalField } from "./profile-types.js";
+import { type ScrapedSignals, type SignalField, unknownEngineSignals } from "./profile-types.js";
 import { clamp01, groupByName, mean, pick, sum } from "./series-lookup.js";
 
 /** Series only llama-server prints: any one of them makes a page llama.cpp's. */
@@ -37,20 +37,14 @@ export function llamacppSignals(page: ParsedExposition): ScrapedSignals {
   // llama.cpp has no preemption: a slot keeps its request to the end (or shifts its context).
   unknown.push("preemptions", "kvCapacityTokens", "blockSize", "maxNumSeqs");
   return {
+    // Every other signal stays as an engine without readable metrics has it.
+    ...unknownEngineSignals(),
     flavor: "llamacpp",
     profile: "llamacpp",
     unknown,
-    kvCapacitySource: "unknown",
     kvUsage: clamp01(mean(kv)),
-    prefixQueryTokens: 0,
-    prefixHitTokens: 0,
     running: sum(running),
     waiting: sum(waiting),
-    preemptions: 0,
-    kvCapacityTokens: 0,
-    blockSize: 0,
-    maxNumSeqs: 0,
-    dataParallelSize: 1,
   };
 }
 

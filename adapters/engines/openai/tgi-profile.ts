@@ -8,7 +8,7 @@
  */
 
 import type { ParsedExposition } from "./exposition.js";
-import type { ScrapedSignals, SignalField } from "./profile-types.js";
+import { type ScrapedSignals, type SignalField, unknownEngineSignals } from "./profile-types.js";
 import { groupByName, pick, sum } from "./series-lookup.js";
 
 /** Series only TGI's router prints: any one of them makes a page TGI's. */
@@ -34,20 +34,13 @@ export function tgiSignals(page: ParsedExposition): TgiSignals {
   if (!waiting) unknown.push("waiting");
   unknown.push("preemptions", "kvCapacityTokens", "blockSize", "maxNumSeqs");
   const signals: TgiSignals = {
+    // Every other signal stays as an engine without readable metrics has it.
+    ...unknownEngineSignals(),
     flavor: "tgi",
     profile: "tgi",
     unknown,
-    kvCapacitySource: "unknown",
-    kvUsage: 0,
-    prefixQueryTokens: 0,
-    prefixHitTokens: 0,
     running: sum(running),
     waiting: sum(waiting),
-    preemptions: 0,
-    kvCapacityTokens: 0,
-    blockSize: 0,
-    maxNumSeqs: 0,
-    dataParallelSize: 1,
   };
   if (batchMax) signals.batchMaxTokens = sum(batchMax);
   return signals;
