@@ -4,13 +4,13 @@
  */
 
 import type { Clock } from "../src/clock.js";
-/** Jain's fairness index: the scheduler's own, so the benchmark and the dashboard agree. */
 import { jainIndex } from "../src/tenants/fair-share.js";
 import type { SessionView } from "../src/types.js";
 import type { CallRecord, FairnessMode, FairnessStats, TenantStats } from "./run.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
+/** Jain's fairness index: the scheduler's own, so the benchmark and the dashboard agree. */
 export { jainIndex };
 
 /** What the tracker reads from the scheduler. */
