@@ -1,5 +1,5 @@
 /**
- * @module The scheduler: composes every layer in SPEC 2's order — tokenize and
+ * @module The scheduler: composes every layer in the documented order — tokenize and
  * budget, classify, session admission, route, token budget and feasibility,
  * gate, forward — and releases whatever it took on any refusal, cancel or
  * engine failure. The benchmark's baselines run through this same code with
@@ -431,7 +431,7 @@ export class Scheduler {
   }
 
   /**
-   * Runs SPEC 2 steps 2–8 for one call. Resolves with the admitted call (iterate
+   * Runs steps 2–8 of docs/how-it-works.md#the-request-path for one call. Resolves with the admitted call (iterate
    * it for chunks) or rejects with a `Refusal`; a call whose signal aborts while
    * it waits rejects with the signal's reason (an `AbortError`).
    */
@@ -539,7 +539,7 @@ export class Scheduler {
   }
 
   /**
-   * SPEC 2 steps 4–8 for a validated, tokenized and classified call: session
+   * steps 4–8 of docs/how-it-works.md#the-request-path for a validated, tokenized and classified call: session
    * admission and routing, token budget, feasibility, gate, forward — one
    * step a method, each refusing as early as it can. Whatever a step took is
    * in `holds` and is released at once when a later one refuses; once the
@@ -685,7 +685,7 @@ export class Scheduler {
   }
 
   /**
-   * Step 6a. SPEC 5: a call reserves what it adds to the replica's KV (`reservationTokens`), given
+   * Step 6a. docs/how-it-works.md#token-budget-and-feasibility: a call reserves what it adds to the replica's KV (`reservationTokens`), given
    * the prompt tokens the router predicts in its GPU memory (`gpuCached`); blocks shared with a
    * cached prefix are counted once, by the call that brought them. The whole call must still fit
    * the ceiling less the guard band (else 413 at once); one that does not fit now waits in the

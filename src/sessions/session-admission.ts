@@ -1,5 +1,5 @@
 /**
- * @module Session admission mechanics (SPEC 6): the session table, per-replica
+ * @module Session admission mechanics (docs/how-it-works.md#session-window-tokens-of-cache-footprint): the session table, per-replica
  * windows of active sessions counted in sessions or in tokens of cache
  * footprint, soft retention and dormancy of idle sessions, pausing at step
  * boundaries, resume order, the bounded session queue and idle expiry. The
@@ -16,10 +16,10 @@ import { BAND_RANK, DEFAULT_TENANT, TenantLedger } from "../tenants/tenant-ledge
 import type { Lane, SessionPhase, SessionState, SessionView, TenantState } from "../types.js";
 import { IdleGaps } from "./idle-gaps.js";
 
-/** What a window counts: tokens of cache footprint (SPEC 6) or sessions (CONCUR). */
+/** What a window counts: tokens of cache footprint (docs/how-it-works.md#session-window-tokens-of-cache-footprint) or sessions (CONCUR). */
 export type AdmissionUnit = "tokens" | "sessions";
 
-/** Where a session stands; `dormant` shows as `paused` in SPEC 8's view. */
+/** Where a session stands; `dormant` shows as `paused` in the documented view. */
 export type SessionStatus = "waiting" | "active" | "paused" | "dormant" | "closed";
 
 /**
@@ -283,7 +283,7 @@ export interface ReplicaWindowCounts {
   /** W for the session-count law; the count of sessions the window holds for the token window. */
   size: number | null;
   sizeTokens: number | null;
-  /** Sum of the active sessions' footprints (SPEC 12's `sluice_session_footprint_tokens`). */
+  /** Sum of the active sessions' footprints (the documented `sluice_session_footprint_tokens`). */
   footprintTokens: number | null;
   /**
    * Of that sum, prompt-block tokens counted in more than one session (a shared system prompt):
@@ -1111,7 +1111,7 @@ export class SessionAdmission {
   }
 
   /**
-   * Who leaves first. Session-count law: the youngest. Token window (SPEC 6):
+   * Who leaves first. Session-count law: the youngest. Token window (docs/how-it-works.md#session-window-tokens-of-cache-footprint):
    * idle sessions past their retention, then idle ones expected back latest,
    * then the youngest of those running.
    */
@@ -1310,7 +1310,7 @@ export class SessionAdmission {
    * Sessions waiting for room, in the tenants' order (docs/tenants.md): band
    * first; then a step waiting half the wait limit; then the tenant with the
    * lowest usage ÷ entitlement, ties by least virtual service; within a
-   * tenant SPEC 6's order (paused, returning dormant, then never admitted).
+   * tenant the documented order (paused, returning dormant, then never admitted).
    * Pinned sessions on `blocked` replicas are left out.
    */
   private fairEntries(shares: Map<string, TenantShare>, blocked: ReadonlySet<ReplicaSlots>): FairEntry[] {
@@ -1706,7 +1706,7 @@ function occupied(slots: ReplicaSlots): number {
 }
 
 /**
- * A session's cache footprint on its replica, tokens (SPEC 6): the prompt plus
+ * A session's cache footprint on its replica, tokens (docs/how-it-works.md#session-window-tokens-of-cache-footprint): the prompt plus
  * `max_tokens` of a step waiting or running (the most it can hold then), else
  * its context plus the growth expected of its next step.
  */

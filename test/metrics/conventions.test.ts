@@ -96,7 +96,7 @@ test("build info, ratios, hit and query counters, end-to-end and per-token histo
   assert.ok(value("sluice_prompt_tokens_total", { model: MODEL }) >= queries);
   assert.ok(value("sluice_route_replica_prompt_tokens_total") === value("sluice_route_prompt_tokens_total"));
 
-  // Conventional twins of SPEC's `…_count` gauges carry the same labels and values.
+  // Conventional twins of the documented `…_count` gauges carry the same labels and values.
   for (const [spec, conventional] of SPEC_FIXED_FLAGGED) {
     const a = find(spec).map((s) => JSON.stringify([s.labels, s.value]));
     const b = find(conventional).map((s) => JSON.stringify([s.labels, s.value]));

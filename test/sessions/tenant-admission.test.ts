@@ -63,7 +63,7 @@ const admittedOrder = (events: string[]) =>
   events.filter((event) => event.endsWith(":admitted")).map((event) => event.split(":")[0]);
 
 describe("tenants in session admission", () => {
-  it("with one tenant, admits in arrival order whatever the sizes (SPEC 6's order)", async () => {
+  it("with one tenant, admits in arrival order whatever the sizes (the documented order)", async () => {
     const { admission, events, step, isZero, closeAll } = setup();
     const a1 = step("a1", "default", 8_000);
     await a1.admitted;
