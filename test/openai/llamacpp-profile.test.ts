@@ -33,6 +33,9 @@ const PROPS = fixture("llamacpp-props-readme.json");
 const SLOTS = fixture("llamacpp-slots-readme.json");
 const USAGE = jsonc("llamacpp-chat-usage-readme.jsonc").usage as Record<string, unknown>;
 const TIMINGS = jsonc("llamacpp-chat-timings-readme.jsonc").timings as Record<string, unknown>;
+/** A whole page and a chat answer of a llama-server built from llama.cpp at c392e50 (February 2025), captured live. */
+const LIVE_PAGE = fixture("llamacpp-metrics-live-c392e50.prom");
+const LIVE_CHAT = JSON.parse(fixture("llamacpp-chat-live-c392e50.json")) as Record<string, unknown>;
 
 const servers: FakeUpstream[] = [];
 const engines: OpenAIUpstreamEngine[] = [];
@@ -87,6 +90,17 @@ describe("llama.cpp's page", () => {
     ]) {
       assert.ok((signals.unknown as readonly string[]).includes(field), field);
     }
+  });
+
+  it("a whole live page of an early-2025 build: requests 0 and 0, KV usage from kv_cache_usage_ratio (0.0893555)", () => {
+    const signals = parseEngineMetrics(LIVE_PAGE);
+    assert.ok(signals);
+    assert.equal(signals.profile, "llamacpp");
+    assert.equal(signals.running, 0);
+    assert.equal(signals.waiting, 0);
+    assert.equal(signals.kvUsage, 0.0893555);
+    assert.ok(!signals.unknown.includes("kvUsage"));
+    assert.ok(signals.unknown.includes("prefixCache"), "the page has no prefix-cache counter");
   });
 
   it("a page forced to another profile is not read as llama.cpp's", () => {
@@ -153,6 +167,17 @@ describe("llama.cpp's per-call hit signal", () => {
     });
     // Neither stated: not a measurement.
     assert.deepEqual(usageOf(bare), { prompt: 44, completion: 48, cached: 0 });
+  });
+
+  it("a build without cache_n: the prompt tokens it did not evaluate (80 − prompt_n 1) are the cached ones", () => {
+    assert.deepEqual(usageOf(LIVE_CHAT.usage, undefined, LIVE_CHAT.timings), {
+      prompt: 80,
+      completion: 4,
+      cached: 79,
+      cachedStated: true,
+    });
+    // cache_n, where stated, wins over the difference.
+    assert.equal(usageOf(LIVE_CHAT.usage, undefined, { prompt_n: 1, cache_n: 50 })?.cached, 50);
   });
 
   it("the calls' usage becomes the prefix-cache counters, and prefixCache is no longer unknown", async () => {

@@ -36,7 +36,9 @@ const CHAT_USAGE: UsageFields = {
 /**
  * A usage object's token counts, read by the API's field names; cached prompt tokens default to 0.
  * llama.cpp also states them as `timings.cache_n` beside the usage (prompt tokens reused from its
- * slot's cache), read when the usage itself does not.
+ * slot's cache), read when the usage itself does not. Its builds before `cache_n` existed (early
+ * 2025) state only `timings.prompt_n`, the prompt tokens it evaluated: the rest of the prompt came
+ * from the slot's cache (docs/engines.md#llamacpp-llama-server).
  */
 export function usageOf(
   value: unknown,
@@ -53,6 +55,9 @@ export function usageOf(
   }
   if (isRecord(timings) && typeof timings.cache_n === "number" && timings.cache_n >= 0) {
     return { prompt, completion, cached: timings.cache_n, cachedStated: true };
+  }
+  if (isRecord(timings) && typeof timings.prompt_n === "number" && timings.prompt_n >= 0) {
+    return { prompt, completion, cached: Math.max(0, prompt - timings.prompt_n), cachedStated: true };
   }
   return { prompt, completion, cached: 0 };
 }
