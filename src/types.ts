@@ -302,8 +302,11 @@ export interface SchedulerEvents {
     /** The session's tenant and band (the scheduler always names them). */
     tenant?: string;
     band?: "protected" | "standard" | "sheddable";
-    /** For `paused`: why it left its window (its tenant over its share, a higher band waiting, or the window shrank). */
-    reason?: "fairness" | "priority" | "window";
+    /**
+     * For `paused`: why it left its window (its tenant over its share, a higher band waiting, the
+     * window shrank, or its replica became unhealthy and it waits for room on another).
+     */
+    reason?: "fairness" | "priority" | "window" | "unhealthy";
     /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms (0: it did not wait). */
     waitedMs?: number;
   }): void;

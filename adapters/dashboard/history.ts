@@ -369,12 +369,13 @@ function laneTotals(state: AdminState, lane: Lane): { queued: number; oldestAgeM
 
 /** Why a session was paused, in an operator's words (docs/tenants.md). */
 function pauseCause(
-  reason: "fairness" | "priority" | "window" | undefined,
+  reason: "fairness" | "priority" | "window" | "unhealthy" | undefined,
   tenant: string | undefined,
 ): string {
   const of = tenant ? ` (tenant ${tenant})` : "";
   if (reason === "fairness")
     return `fairness: its tenant${of} held more than its share while a tenant below its share waited`;
   if (reason === "priority") return `priority: a session of a higher band waited for its room${of}`;
+  if (reason === "unhealthy") return "its replica became unhealthy: it waits for room on another";
   return "the window shrank below the sum of footprints";
 }

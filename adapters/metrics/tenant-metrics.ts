@@ -95,7 +95,9 @@ export function registerTenantMetrics(
   return {
     onSession(e) {
       const labels = { tenant: e.tenant ?? "default", band: e.band ?? "standard" };
-      if (e.event === "paused" && e.reason) pauses.inc({ ...labels, reason: e.reason });
+      // Leaving an unhealthy replica is a move, not a pause for sharing: not counted here.
+      if (e.event === "paused" && e.reason && e.reason !== "unhealthy")
+        pauses.inc({ ...labels, reason: e.reason });
       if ((e.event === "admitted" || e.event === "resumed") && e.waitedMs !== undefined)
         waits.observe(labels, Math.max(0, e.waitedMs) / 1000);
     },

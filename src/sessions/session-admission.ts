@@ -39,6 +39,13 @@ const EVEN_BUDGET_KEY: readonly [number, number] = [0, 0];
 /** Why a session left its window at a step boundary: its tenant was over its share, a higher band waited, or the window shrank. */
 export type PauseReason = "fairness" | "priority" | "window";
 
+/**
+ * Why a session left its window, as its `paused` event says: a pause (above), or `unhealthy`: its
+ * replica became unhealthy and it waits for room on another (not a pause for sharing, so not
+ * counted among the pauses).
+ */
+export type LeaveReason = PauseReason | "unhealthy";
+
 /** Why a waiting step still waits: no room, a higher band first, or tenants below their share first. */
 export type WaitReason = "window" | "priority" | "fairness";
 
@@ -238,7 +245,7 @@ export interface SessionEventDetail {
   tenant: string;
   band: Band;
   /** For `paused`: why it left its window. */
-  reason?: PauseReason;
+  reason?: LeaveReason;
   /** For `admitted` and `resumed`: how long its oldest waiting step waited, ms. */
   waitedMs?: number;
 }
@@ -606,7 +613,7 @@ export class SessionAdmission {
     session.evacuated = true;
     session.home = null;
     this.account(session);
-    this.emit(session, "paused", session.movedFrom, { reason: "window" });
+    this.emit(session, "paused", session.movedFrom, { reason: "unhealthy" });
     this.fill();
   }
 
@@ -1076,7 +1083,7 @@ export class SessionAdmission {
     session: SessionRecord,
     event: SessionEventName,
     replica: string | null,
-    extra: { reason?: PauseReason; waitedMs?: number },
+    extra: { reason?: LeaveReason; waitedMs?: number },
   ): void {
     this.options.onEvent?.(session.id, event, replica, {
       tenant: session.tenant,

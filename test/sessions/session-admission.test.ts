@@ -55,6 +55,21 @@ describe("session admission", () => {
     assert.equal(admission.replicaCounts("r1").active, 2);
   });
 
+  it("says a session leaving an unhealthy replica left for that reason, not that the window shrank", async () => {
+    const reasons: (string | undefined)[] = [];
+    const { admission, first } = setup(
+      { onEvent: (_id, event, _replica, detail) => event === "paused" && reasons.push(detail.reason) },
+      { r1: 2, r2: 2 },
+    );
+    const a = admission.open("a");
+    assert.equal(await admission.acquireStep(a, first), "r1");
+    admission.endStep(a, { completed: true, contextTokens: 100 });
+    admission.evacuate(a);
+    assert.deepEqual(reasons, ["unhealthy"]);
+    assert.equal(admission.replicaCounts("r1").active, 0);
+    assert.ok(admission.close("a"));
+  });
+
   it("pauses the youngest sessions only at a step boundary when the window shrinks", async () => {
     const { admission, events, first } = setup({}, { r1: 3 });
     const a = admission.open("a");
