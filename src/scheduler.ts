@@ -7,7 +7,8 @@
  */
 
 import { followAbort } from "./abort.js";
-import type { BudgetOrderKey, BudgetQueueSnapshot } from "./budget/budget-queue.js";
+import type { BudgetOrderKey } from "./budget/budget-order.js";
+import type { BudgetQueueSnapshot } from "./budget/budget-queue.js";
 import { classifyLane } from "./budget/classify-lane.js";
 import { checkDeadline } from "./budget/feasibility.js";
 import { OverloadController } from "./budget/overload-stages.js";

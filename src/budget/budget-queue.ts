@@ -6,32 +6,13 @@
 import type { Cancel, Clock } from "../clock.js";
 import { Refusal } from "../errors.js";
 import type { Lane } from "../types.js";
+import { type BudgetOrderKey, type BudgetWaiterView, orderedLane } from "./budget-order.js";
 import type { Reservation, ReserveOptions, TokenBudget } from "./token-budget.js";
 
 /** Default waiters per replica's budget queue. */
 export const DEFAULT_BUDGET_QUEUE_LIMIT = 256;
 /** Default wait after which the head of a lane holds its place, ms. */
 export const DEFAULT_BUDGET_HEAD_RESERVE_MS = 2000;
-
-/** What an ordering key sees of a waiter. */
-export interface BudgetWaiterView {
-  /** Tokens the call waits for. */
-  readonly tokens: number;
-  readonly lane: Lane;
-  /** The call's tenant, when it has one. */
-  readonly tenant: string | undefined;
-  /** Arrival order in this queue (0, 1, 2, …). */
-  readonly seq: number;
-  /** When it started waiting, ms on the queue's clock. */
-  readonly enqueuedAtMs: number;
-}
-
-/**
- * Orders waiters within a lane: lower keys go first, compared element by element; arrival order
- * breaks ties. Read afresh at every decision, so a key may follow state that moves (a tenant's usage
- * against its entitlement). Default: arrival order alone.
- */
-export type BudgetOrderKey = (waiter: BudgetWaiterView) => number | readonly number[];
 
 /** Options of a `BudgetQueue`. */
 export interface BudgetQueueOptions {
@@ -134,16 +115,6 @@ function checkNonNegative(what: string, value: number, integer: boolean): void {
       `${what} should be a non-negative ${integer ? "whole number" : "number"}, got ${String(value)}`,
     );
   }
-}
-
-function compareKeys(a: number | readonly number[], b: number | readonly number[]): number {
-  const x = typeof a === "number" ? [a] : a;
-  const y = typeof b === "number" ? [b] : b;
-  for (let i = 0; i < Math.min(x.length, y.length); i++) {
-    const d = (x[i] as number) - (y[i] as number);
-    if (d !== 0) return d;
-  }
-  return x.length - y.length;
 }
 
 /**
@@ -354,11 +325,7 @@ export class BudgetQueue {
   }
 
   private sorted(lane: Waiter[]): Waiter[] {
-    const key = this.orderKey;
-    if (key === undefined || lane.length < 2) return lane.slice();
-    const keyed = lane.map((w) => ({ w, k: key(w) }));
-    keyed.sort((a, b) => compareKeys(a.k, b.k) || a.w.seq - b.w.seq);
-    return keyed.map((entry) => entry.w);
+    return orderedLane(lane, this.orderKey);
   }
 
   private headOf(lane: Waiter[]): Waiter | undefined {

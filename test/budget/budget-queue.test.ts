@@ -1,10 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import {
-  BudgetQueue,
-  type BudgetQueueOptions,
-  type BudgetWaiterView,
-} from "../../src/budget/budget-queue.js";
+import { type BudgetWaiterView, orderedLane } from "../../src/budget/budget-order.js";
+import { BudgetQueue, type BudgetQueueOptions } from "../../src/budget/budget-queue.js";
 import { type Reservation, TokenBudget } from "../../src/budget/token-budget.js";
 import { VirtualClock } from "../../src/clock.js";
 import { Refusal } from "../../src/errors.js";
@@ -303,6 +300,36 @@ describe("BudgetQueue", () => {
       assert.equal(budget.outstanding, 0);
       assert.equal(budget.reservedActive + budget.reservedQueued, 0);
       assert.equal(clock.pending(), 0, `seed ${seed}: no timer left`);
+    }
+  });
+});
+
+describe("a lane's order", () => {
+  const waiter = (seq: number, tenant: string): BudgetWaiterView => ({
+    tokens: 100,
+    lane: "interactive",
+    tenant,
+    seq,
+    enqueuedAtMs: 0,
+  });
+  const lane = [waiter(0, "b"), waiter(1, "a"), waiter(2, "b"), waiter(3, "a")];
+
+  it("goes by key, then arrival", () => {
+    const order = orderedLane(lane, (w) => (w.tenant === "a" ? [0, 1] : [0, 2]));
+    assert.deepEqual(
+      order.map((w) => w.seq),
+      [1, 3, 0, 2],
+    );
+  });
+
+  it("is arrival order, as a copy, when every key is the same or there is no key", () => {
+    for (const key of [() => [0, 0] as const, undefined]) {
+      const order = orderedLane(lane, key);
+      assert.notEqual(order, lane);
+      assert.deepEqual(
+        order.map((w) => w.seq),
+        [0, 1, 2, 3],
+      );
     }
   });
 });
