@@ -20,6 +20,7 @@ import { HitRateMeter } from "../signals/hit-rate.js";
 import { PrefillRateEstimator } from "../signals/prefill-rate.js";
 import { isStale } from "../signals/staleness.js";
 import { ThrashEvidence } from "../signals/thrash-evidence.js";
+import { tieredPrefixCounters } from "../signals/tiered-prefix-counters.js";
 import type { Lane } from "../types.js";
 
 /**
@@ -165,20 +166,9 @@ export class ReplicaRuntime {
     return this.seesTiers && tokens !== undefined && tokens > 0 ? tokens : 0;
   }
 
-  /**
-   * Cumulative prefix-cache counters for the window law's hit rate: GPU memory alone, or — where
-   * the policy sees a host tier — hits in either tier, since a prefix loaded from host memory was
-   * not lost. Counted as lookups less the tokens neither tier had (the host tier's lookups less its
-   * hits), which holds whether the engine's GPU counters include host hits (SGLang) or not (vLLM).
-   */
+  /** Cumulative prefix-cache counters for the window law's hit rate, tiers counted as the policy sees them. */
   prefixCounters(signals: EngineSignals = this.signalsSeen): { hits: number; queries: number } {
-    const queries = signals.prefixQueryTokens;
-    const hostQueries = signals.hostPrefixQueryTokens;
-    const hostHits = signals.hostPrefixHitTokens;
-    if (!(this.hostTierTokens(signals) > 0) || hostQueries === undefined || hostHits === undefined) {
-      return { hits: signals.prefixHitTokens, queries };
-    }
-    return { hits: Math.max(0, queries - Math.max(0, hostQueries - hostHits)), queries };
+    return tieredPrefixCounters(signals, this.hostTierTokens(signals));
   }
 
   private hostBlocks(signals: EngineSignals): number {

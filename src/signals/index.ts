@@ -13,3 +13,4 @@ export {
 } from "./prefill-rate.js";
 export { DEFAULT_STALE_AFTER_MS, isStale, SignalAge } from "./staleness.js";
 export { ThrashEvidence, type ThrashReading } from "./thrash-evidence.js";
+export { tieredPrefixCounters } from "./tiered-prefix-counters.js";
