@@ -11,9 +11,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import { quantile, round } from "../adapters/bench/stats.js";
 import { startServer } from "../adapters/cli/serve.js";
 import { type NatsServerProcess, startNatsServer } from "../adapters/nats/nats-server-process.js";
-import { quantile, round } from "./stats.js";
 
 const MODEL = "meta-llama/Llama-3.1-8B-Instruct";
 

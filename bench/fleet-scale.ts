@@ -13,10 +13,10 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { simFleet } from "./fleet.js";
-import { runPolicy } from "./run.js";
-import { compileWorkload } from "./workloads/index.js";
-import { parseWorkloadSpec } from "./workloads/schema.js";
+import { simFleet } from "../adapters/bench/fleet.js";
+import { runPolicy } from "../adapters/bench/run.js";
+import { compileWorkload } from "../adapters/bench/workloads/index.js";
+import { parseWorkloadSpec } from "../adapters/bench/workloads/schema.js";
 
 const { values } = parseArgs({
   options: { replicas: { type: "string" }, sessions: { type: "string" }, quiet: { type: "boolean" } },

@@ -15,6 +15,7 @@ import { parseArgs } from "node:util";
 import { serve } from "@hono/node-server";
 import { connect, type KV } from "nats";
 import { Registry } from "prom-client";
+import { quantile, round } from "../adapters/bench/stats.js";
 import type { SluiceClient } from "../adapters/client/client.js";
 import { httpClient, natsClient } from "../adapters/client/index.js";
 import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
@@ -25,7 +26,6 @@ import { isRevisionConflict } from "../adapters/nats/window-authority.js";
 import { createTokenizer } from "../adapters/tokenizers/index.js";
 import { realClock } from "../src/clock.js";
 import { Scheduler, type SchedulerOptions } from "../src/scheduler.js";
-import { quantile, round } from "./stats.js";
 
 /** Options of {@link runNatsBench}. */
 export interface NatsBenchOptions {

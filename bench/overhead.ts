@@ -11,7 +11,7 @@ import { createRequire } from "node:module";
 import type { AddressInfo } from "node:net";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { quantile, round } from "./stats.js";
+import { quantile, round } from "../adapters/bench/stats.js";
 
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 

@@ -17,23 +17,29 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { parseArgs } from "node:util";
+import { stepModelOfPreset } from "../adapters/bench/cost-model.js";
+import { renderTable } from "../adapters/bench/report.js";
+import type {
+  BenchScheduler,
+  FleetFactory,
+  GroupStats,
+  PolicyRun,
+  ResultRow,
+} from "../adapters/bench/run.js";
+import { runPolicy } from "../adapters/bench/run.js";
+import { round } from "../adapters/bench/stats.js";
+import { escapeXml, lineChart } from "../adapters/bench/svg.js";
+import { buildAgentsWorkload } from "../adapters/bench/workloads/agents.js";
+import { buildMixedWorkload } from "../adapters/bench/workloads/mixed.js";
+import type { AgentsSpec, MixedSpec } from "../adapters/bench/workloads/schema.js";
+import { parseWorkloadSpec } from "../adapters/bench/workloads/schema.js";
+import type { PlannedCall, Workload } from "../adapters/bench/workloads/types.js";
 import { simPdFleet } from "../adapters/engines/sim/pd-fleet.js";
 import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
 import type { Clock } from "../src/clock.js";
 import type { DecodeCheck } from "../src/config/scheduler-config.js";
 import { Scheduler } from "../src/scheduler.js";
-import { stepModelOfPreset } from "./cost-model.js";
 import type { TargetCheck } from "./regret.js";
-import { renderTable } from "./report.js";
-import type { BenchScheduler, FleetFactory, GroupStats, PolicyRun, ResultRow } from "./run.js";
-import { runPolicy } from "./run.js";
-import { round } from "./stats.js";
-import { escapeXml, lineChart } from "./svg.js";
-import { buildAgentsWorkload } from "./workloads/agents.js";
-import { buildMixedWorkload } from "./workloads/mixed.js";
-import type { AgentsSpec, MixedSpec } from "./workloads/schema.js";
-import { parseWorkloadSpec } from "./workloads/schema.js";
-import type { PlannedCall, Workload } from "./workloads/types.js";
 
 const PRESET = "h100-llama3-8b";
 const PREFILL_REPLICAS = 2;

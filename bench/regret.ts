@@ -4,7 +4,7 @@
  * `run-all.ts` prints them; `results-doc.ts` writes them into docs/results.md from the recorded files.
  */
 
-import type { AloneRow, FairnessStats, SloCapacityOutput, TenantStats } from "./run.js";
+import type { AloneRow, FairnessStats, SloCapacityOutput, TenantStats } from "../adapters/bench/run.js";
 
 /** The policies sluice is compared with; `bound` is not one (no policy can reach it). */
 export const BASELINES = ["rr", "gate", "gate-prefix", "concur"] as const;

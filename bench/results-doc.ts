@@ -7,10 +7,10 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { tenantCells } from "../adapters/bench/tenant-report.js";
 import { type PdResult, pdTable, pdTargets } from "./pd.js";
 import type { BenchDoc, RowLike, TargetCheck } from "./regret.js";
 import { regretCells, regretRows, targetsOf } from "./regret.js";
-import { tenantCells } from "./tenant-report.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 

@@ -12,16 +12,16 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import { renderTable } from "../adapters/bench/report.js";
+import type { BenchReport, ResultRow } from "../adapters/bench/run.js";
+import type { WorkloadBenchResult } from "../adapters/bench/suite.js";
+import { runWorkloadBench, writeOutputs } from "../adapters/bench/suite.js";
+import { renderTenantTable } from "../adapters/bench/tenant-report.js";
 import { runHttpSessionsBench } from "./http-sessions.js";
 import { pdHtml, pdProblems, pdTable, pdTargets, runPd } from "./pd.js";
 import type { TargetCheck } from "./regret.js";
 import { regretRows, renderChecks, renderRegretTable, targetsOf } from "./regret.js";
-import { renderTable } from "./report.js";
 import { writeResultsDoc } from "./results-doc.js";
-import type { BenchReport, ResultRow } from "./run.js";
-import type { WorkloadBenchResult } from "./suite.js";
-import { runWorkloadBench, writeOutputs } from "./suite.js";
-import { renderTenantTable } from "./tenant-report.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 

@@ -12,6 +12,7 @@
 
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import { quantile, round } from "../adapters/bench/stats.js";
 import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
 import { connectNatsFrontend, type NatsFrontend } from "../adapters/nats/frontend.js";
 import { fleetSessionsFetch } from "../adapters/nats/http-sessions.js";
@@ -19,7 +20,6 @@ import { startNatsServer } from "../adapters/nats/nats-server-process.js";
 import { createTokenizer } from "../adapters/tokenizers/index.js";
 import { realClock } from "../src/clock.js";
 import { Scheduler } from "../src/scheduler.js";
-import { quantile, round } from "./stats.js";
 
 /** Options of {@link runScaleOutBench}. */
 export interface ScaleOutBenchOptions {

@@ -9,12 +9,16 @@
 import { setMaxListeners } from "node:events";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import {
+  expandMooncakeTokens,
+  loadMooncakeTrace,
+  mooncakeTracePath,
+} from "../adapters/bench/workloads/mooncake.js";
 import { fmix32 } from "../adapters/engines/sim/hash.js";
 import type { PresetName, PresetOverrides } from "../adapters/engines/sim/presets.js";
 import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
 import { VirtualClock } from "../src/clock.js";
 import type { EngineResult } from "../src/engine.js";
-import { expandMooncakeTokens, loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 
 /** Deterministic pseudo-token ids. */
 function tokens(n: number, seed: number): number[] {

@@ -10,12 +10,12 @@ import { monitorEventLoopDelay } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
 import v8 from "node:v8";
 import vm from "node:vm";
+import { quantile, round } from "../adapters/bench/stats.js";
 import { type RunningServer, startServer } from "../adapters/cli/serve.js";
 import { type PresetOverrides, resolveSimParams, stepTimeMs } from "../adapters/engines/sim/presets.js";
 import { createTokenizer } from "../adapters/tokenizers/index.js";
 import { defaultStatus, isRefusalReason } from "../src/errors.js";
 import type { IdleCheck } from "../src/scheduler.js";
-import { quantile, round } from "./stats.js";
 
 /** Options of {@link runSoakBench}; every field has a default. */
 export interface SoakOptions {

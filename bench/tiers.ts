@@ -14,6 +14,17 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
+import { simFleet } from "../adapters/bench/fleet.js";
+import type { BenchPolicy, FleetFactory, PolicyRun } from "../adapters/bench/run.js";
+import { runPolicy } from "../adapters/bench/run.js";
+import {
+  DEFAULT_CAPACITY_BISECTIONS,
+  DEFAULT_CAPACITY_GRID,
+  largestLoadMet,
+  SLO_CAPACITY_SHARE,
+} from "../adapters/bench/slo-capacity.js";
+import { compileWorkload, NAMED_WORKLOADS } from "../adapters/bench/workloads/index.js";
+import { loadMooncakeTrace, mooncakeTracePath } from "../adapters/bench/workloads/mooncake.js";
 import type { PresetOverrides } from "../adapters/engines/sim/presets.js";
 import { resolveSimParams } from "../adapters/engines/sim/presets.js";
 import type { SimEngine } from "../adapters/engines/sim/sim-engine.js";
@@ -21,18 +32,7 @@ import type { Clock } from "../src/clock.js";
 import { Refusal } from "../src/errors.js";
 import { Scheduler } from "../src/scheduler.js";
 import type { AdmittedCall, CallRequest } from "../src/types.js";
-import { simFleet } from "./fleet.js";
-import type { BenchPolicy, FleetFactory, PolicyRun } from "./run.js";
-import { runPolicy } from "./run.js";
 import { mooncakeOnSim } from "./sim.js";
-import {
-  DEFAULT_CAPACITY_BISECTIONS,
-  DEFAULT_CAPACITY_GRID,
-  largestLoadMet,
-  SLO_CAPACITY_SHARE,
-} from "./slo-capacity.js";
-import { compileWorkload, NAMED_WORKLOADS } from "./workloads/index.js";
-import { loadMooncakeTrace, mooncakeTracePath } from "./workloads/mooncake.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PRESET = "h100-llama3-8b" as const;

@@ -1,16 +1,16 @@
 /** @module `sluice bench`: side-by-side policy comparison on simulated replicas in virtual time (docs/running.md and docs/benchmarks.md). */
 
 import { z } from "zod";
-import { renderSloCapacity, renderTable } from "../../bench/report.js";
-import type { BenchPolicy, FairnessMode } from "../../bench/run.js";
-import { BENCH_POLICIES, FAIRNESS_MODES } from "../../bench/run.js";
-import { DEFAULT_CAPACITY_BISECTIONS, DEFAULT_CAPACITY_GRID } from "../../bench/slo-capacity.js";
-import { runWorkloadBench, writeOutputs } from "../../bench/suite.js";
-import { renderTenantTable } from "../../bench/tenant-report.js";
-import { NAMED_WORKLOADS } from "../../bench/workloads/index.js";
-import { WorkloadError } from "../../bench/workloads/schema.js";
 import { ConfigError } from "../../src/config/config-error.js";
 import { defineSetting, type Setting } from "../../src/config/settings.js";
+import { renderSloCapacity, renderTable } from "../bench/report.js";
+import type { BenchPolicy, FairnessMode } from "../bench/run.js";
+import { BENCH_POLICIES, FAIRNESS_MODES } from "../bench/run.js";
+import { DEFAULT_CAPACITY_BISECTIONS, DEFAULT_CAPACITY_GRID } from "../bench/slo-capacity.js";
+import { runWorkloadBench, writeOutputs } from "../bench/suite.js";
+import { renderTenantTable } from "../bench/tenant-report.js";
+import { NAMED_WORKLOADS } from "../bench/workloads/index.js";
+import { WorkloadError } from "../bench/workloads/schema.js";
 import { PRESETS, type PresetName } from "../engines/sim/presets.js";
 import { type CommandIo, type CommandSpec, runCommand } from "./command-line.js";
 

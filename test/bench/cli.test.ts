@@ -3,10 +3,10 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { before, describe, it } from "node:test";
+import { hitRateSeries, renderTable } from "../../adapters/bench/report.js";
+import type { Sample } from "../../adapters/bench/run.js";
 import { run } from "../../adapters/cli/bench.js";
 import { benchOutputSchema } from "../../bench/output-schema.js";
-import { hitRateSeries, renderTable } from "../../bench/report.js";
-import type { Sample } from "../../bench/run.js";
 
 const dir = mkdtempSync(join(tmpdir(), "sluice-bench-cli-"));
 const workload = join(dir, "tiny.json");

@@ -6,9 +6,9 @@ import {
   callWorkMs,
   lowerBound,
   stepModelOfPreset,
-} from "../../bench/cost-model.js";
-import { quantile } from "../../bench/stats.js";
-import type { PlannedCall, Workload } from "../../bench/workloads/types.js";
+} from "../../adapters/bench/cost-model.js";
+import { quantile } from "../../adapters/bench/stats.js";
+import type { PlannedCall, Workload } from "../../adapters/bench/workloads/types.js";
 
 const model = stepModelOfPreset("h100-llama3-8b");
 

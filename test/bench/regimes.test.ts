@@ -5,16 +5,16 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { stepModelOfPreset } from "../../bench/cost-model.js";
-import type { CallRecord } from "../../bench/run.js";
-import { sessionTimes } from "../../bench/run.js";
-import { runWorkloadBench } from "../../bench/suite.js";
-import { buildAgentsWorkload, classIndexOf } from "../../bench/workloads/agents.js";
-import { compileWorkload, NAMED_WORKLOADS, withSeed } from "../../bench/workloads/index.js";
-import { buildMooncakeWorkload } from "../../bench/workloads/mooncake-replay.js";
-import type { AgentsSpec, MooncakeSpec } from "../../bench/workloads/schema.js";
-import { parseWorkloadSpec, WorkloadError } from "../../bench/workloads/schema.js";
-import type { PlannedCall, Workload } from "../../bench/workloads/types.js";
+import { stepModelOfPreset } from "../../adapters/bench/cost-model.js";
+import type { CallRecord } from "../../adapters/bench/run.js";
+import { sessionTimes } from "../../adapters/bench/run.js";
+import { runWorkloadBench } from "../../adapters/bench/suite.js";
+import { buildAgentsWorkload, classIndexOf } from "../../adapters/bench/workloads/agents.js";
+import { compileWorkload, NAMED_WORKLOADS, withSeed } from "../../adapters/bench/workloads/index.js";
+import { buildMooncakeWorkload } from "../../adapters/bench/workloads/mooncake-replay.js";
+import type { AgentsSpec, MooncakeSpec } from "../../adapters/bench/workloads/schema.js";
+import { parseWorkloadSpec, WorkloadError } from "../../adapters/bench/workloads/schema.js";
+import type { PlannedCall, Workload } from "../../adapters/bench/workloads/types.js";
 
 const fleet = { replicas: 1, model: stepModelOfPreset("h100-llama3-8b") };
 

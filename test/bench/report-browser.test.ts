@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { type Browser, chromium } from "playwright-core";
-import { runWorkloadBench, writeOutputs } from "../../bench/suite.js";
+import { runWorkloadBench, writeOutputs } from "../../adapters/bench/suite.js";
 
 const CHROMIUM = "/usr/bin/chromium";
 const ARTIFACTS = fileURLToPath(new URL("../artifacts/", import.meta.url));

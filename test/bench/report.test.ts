@@ -5,9 +5,9 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { renderHtml } from "../../bench/report.js";
-import { runWorkloadBench } from "../../bench/suite.js";
-import { hasSignal, lineChart, styleOf } from "../../bench/svg.js";
+import { renderHtml } from "../../adapters/bench/report.js";
+import { runWorkloadBench } from "../../adapters/bench/suite.js";
+import { hasSignal, lineChart, styleOf } from "../../adapters/bench/svg.js";
 
 const dir = mkdtempSync(join(tmpdir(), "sluice-report-"));
 

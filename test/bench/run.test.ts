@@ -3,11 +3,11 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
+import type { BenchReport } from "../../adapters/bench/run.js";
+import { BENCH_POLICIES } from "../../adapters/bench/run.js";
+import { runWorkloadBench } from "../../adapters/bench/suite.js";
+import { parseWorkloadSpec } from "../../adapters/bench/workloads/schema.js";
 import { benchOutputSchema } from "../../bench/output-schema.js";
-import type { BenchReport } from "../../bench/run.js";
-import { BENCH_POLICIES } from "../../bench/run.js";
-import { runWorkloadBench } from "../../bench/suite.js";
-import { parseWorkloadSpec } from "../../bench/workloads/schema.js";
 
 const dir = mkdtempSync(join(tmpdir(), "sluice-bench-run-"));
 

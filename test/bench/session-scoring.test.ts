@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { scoreSessionInference } from "../../adapters/bench/session-scoring.js";
+import { runWorkloadBench } from "../../adapters/bench/suite.js";
 import { benchOutputSchema } from "../../bench/output-schema.js";
-import { scoreSessionInference } from "../../bench/session-scoring.js";
-import { runWorkloadBench } from "../../bench/suite.js";
 
 const call = (trueSession: string | undefined, assigned: string | undefined) => ({ trueSession, assigned });
 

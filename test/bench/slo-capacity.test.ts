@@ -11,8 +11,8 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import type { BenchOutput } from "../../bench/run.js";
-import { largestLoadMet } from "../../bench/slo-capacity.js";
+import type { BenchOutput } from "../../adapters/bench/run.js";
+import { largestLoadMet } from "../../adapters/bench/slo-capacity.js";
 
 const SLUICE = fileURLToPath(new URL("../../adapters/cli/sluice.js", import.meta.url));
 

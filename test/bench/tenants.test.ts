@@ -1,6 +1,15 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { simFleet } from "../../bench/fleet.js";
+import { simFleet } from "../../adapters/bench/fleet.js";
+import type { BenchOutput, TenantStats } from "../../adapters/bench/run.js";
+import { runBench, runPolicy } from "../../adapters/bench/run.js";
+import { tenantCells } from "../../adapters/bench/tenant-report.js";
+import { jainIndex, tenantTracker } from "../../adapters/bench/tenant-stats.js";
+import { compileWorkload, NAMED_WORKLOADS, withSeed } from "../../adapters/bench/workloads/index.js";
+import type { TenantsSpec } from "../../adapters/bench/workloads/schema.js";
+import { parseWorkloadSpec, WorkloadError } from "../../adapters/bench/workloads/schema.js";
+import { onlyTenants } from "../../adapters/bench/workloads/tenants.js";
+import type { PlannedCall, Workload } from "../../adapters/bench/workloads/types.js";
 import { benchOutputSchema } from "../../bench/output-schema.js";
 import {
   SLUICE_FAIRNESS_OFF,
@@ -11,15 +20,6 @@ import {
   tenantsWeightedChecks,
 } from "../../bench/regret.js";
 import { renderResultsDoc } from "../../bench/results-doc.js";
-import type { BenchOutput, TenantStats } from "../../bench/run.js";
-import { runBench, runPolicy } from "../../bench/run.js";
-import { tenantCells } from "../../bench/tenant-report.js";
-import { jainIndex, tenantTracker } from "../../bench/tenant-stats.js";
-import { compileWorkload, NAMED_WORKLOADS, withSeed } from "../../bench/workloads/index.js";
-import type { TenantsSpec } from "../../bench/workloads/schema.js";
-import { parseWorkloadSpec, WorkloadError } from "../../bench/workloads/schema.js";
-import { onlyTenants } from "../../bench/workloads/tenants.js";
-import type { PlannedCall, Workload } from "../../bench/workloads/types.js";
 import { VirtualClock } from "../../src/clock.js";
 import type { SessionView } from "../../src/types.js";
 

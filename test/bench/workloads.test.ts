@@ -3,20 +3,26 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { callWorkMs, stepModelOfPreset } from "../../bench/cost-model.js";
-import { buildAgentsWorkload } from "../../bench/workloads/agents.js";
+import { callWorkMs, stepModelOfPreset } from "../../adapters/bench/cost-model.js";
+import { buildAgentsWorkload } from "../../adapters/bench/workloads/agents.js";
 import {
   compileWorkload,
   mixedAtCapacity,
   NAMED_WORKLOADS,
   resolveWorkload,
   withSeed,
-} from "../../bench/workloads/index.js";
-import { buildMixedWorkload } from "../../bench/workloads/mixed.js";
-import { buildMooncakeWorkload } from "../../bench/workloads/mooncake-replay.js";
-import { mulberry32, stream, tokenIds, uniformInt, uniformReal } from "../../bench/workloads/prng.js";
-import type { AgentsSpec, MixedSpec, MooncakeSpec } from "../../bench/workloads/schema.js";
-import { parseWorkloadSpec, readWorkloadFile, WorkloadError } from "../../bench/workloads/schema.js";
+} from "../../adapters/bench/workloads/index.js";
+import { buildMixedWorkload } from "../../adapters/bench/workloads/mixed.js";
+import { buildMooncakeWorkload } from "../../adapters/bench/workloads/mooncake-replay.js";
+import {
+  mulberry32,
+  stream,
+  tokenIds,
+  uniformInt,
+  uniformReal,
+} from "../../adapters/bench/workloads/prng.js";
+import type { AgentsSpec, MixedSpec, MooncakeSpec } from "../../adapters/bench/workloads/schema.js";
+import { parseWorkloadSpec, readWorkloadFile, WorkloadError } from "../../adapters/bench/workloads/schema.js";
 
 const SPEC_EXAMPLE = {
   kind: "agents",

@@ -3,7 +3,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { runWorkloadBench } from "../../bench/suite.js";
+import { runWorkloadBench } from "../../adapters/bench/suite.js";
 
 /**
  * 48 ReAct-style agents on one h100-llama3-8b replica, all at once: the

@@ -10,7 +10,7 @@ import {
   loadMooncakeTrace,
   MOONCAKE_BLOCK_TOKENS,
   mooncakeTracePath,
-} from "../../bench/workloads/mooncake.js";
+} from "../../adapters/bench/workloads/mooncake.js";
 
 describe("loadMooncakeTrace", () => {
   const requests = loadMooncakeTrace(mooncakeTracePath("conversation"));

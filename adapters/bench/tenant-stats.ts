@@ -3,9 +3,9 @@
  * session completion, service held while tenants competed, pauses, and Jain's index over service ÷ weight.
  */
 
-import type { Clock } from "../src/clock.js";
-import { jainIndex } from "../src/tenants/fair-share.js";
-import type { SessionView } from "../src/types.js";
+import type { Clock } from "../../src/clock.js";
+import { jainIndex } from "../../src/tenants/fair-share.js";
+import type { SessionView } from "../../src/types.js";
 import type { CallRecord, FairnessMode, FairnessStats, TenantStats } from "./run.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";

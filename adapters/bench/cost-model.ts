@@ -1,7 +1,7 @@
 /** @module The step-time model of docs/simulator.md applied to whole workloads: batch-1 latencies, total work, the lower bound. */
 
-import type { PresetName, PresetOverrides, SimParams } from "../adapters/engines/sim/presets.js";
-import { resolveSimParams } from "../adapters/engines/sim/presets.js";
+import type { PresetName, PresetOverrides, SimParams } from "../engines/sim/presets.js";
+import { resolveSimParams } from "../engines/sim/presets.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
 /** Step-time coefficients of a simulated replica (docs/simulator.md), all in ms. */

@@ -1,6 +1,6 @@
 /** @module The `mixed` workload: open-loop interactive chat beside bulk document jobs, each with its own SLO. */
 
-import type { Lane } from "../../src/types.js";
+import type { Lane } from "../../../src/types.js";
 import { fmtRange } from "./agents.js";
 import { poissonArrivals, stream, tokenIds, uniformInt } from "./prng.js";
 import type { MixedSpec } from "./schema.js";

@@ -9,14 +9,14 @@ export const MOONCAKE_BLOCK_TOKENS = 512;
 
 /**
  * The repository root: the nearest folder above this file that holds package.json. Found rather than
- * counted, because the compiled copy of this file sits one level deeper (dist/bench/workloads/).
+ * counted, because the compiled copy of this file sits one level deeper (dist/adapters/bench/workloads/).
  */
 export const REPO_ROOT = findPackageRoot(dirname(fileURLToPath(import.meta.url)));
 
 function findPackageRoot(from: string): string {
   for (let dir = from; ; dir = dirname(dir)) {
     if (existsSync(join(dir, "package.json"))) return dir;
-    if (dirname(dir) === dir) return resolve(from, "../..");
+    if (dirname(dir) === dir) return resolve(from, "../../..");
   }
 }
 

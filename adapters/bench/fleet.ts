@@ -1,10 +1,10 @@
 /** @module The benchmark's fleet: simulated replicas and the real scheduler, fresh for every policy run. */
 
-import type { PresetName, PresetOverrides } from "../adapters/engines/sim/presets.js";
-import { SimEngine } from "../adapters/engines/sim/sim-engine.js";
-import type { SchedulerConfigInput } from "../src/config/scheduler-config.js";
-import { schedulerConfigSchema } from "../src/config/scheduler-config.js";
-import { Scheduler } from "../src/scheduler.js";
+import type { SchedulerConfigInput } from "../../src/config/scheduler-config.js";
+import { schedulerConfigSchema } from "../../src/config/scheduler-config.js";
+import { Scheduler } from "../../src/scheduler.js";
+import type { PresetName, PresetOverrides } from "../engines/sim/presets.js";
+import { SimEngine } from "../engines/sim/sim-engine.js";
 import { stepModelOfPreset } from "./cost-model.js";
 import type { FairnessMode, FleetFactory } from "./run.js";
 import type { WorkloadTenant } from "./workloads/types.js";

@@ -1,10 +1,10 @@
 /** @module The benchmark driver: one workload, several policies, the same simulated fleet, in virtual time. */
 
-import type { Clock } from "../src/clock.js";
-import { VirtualClock } from "../src/clock.js";
-import type { Engine } from "../src/engine.js";
-import { EngineError, Refusal } from "../src/errors.js";
-import type { AdminState, AdmittedCall, CallRequest, SchedulerEvents, SessionView } from "../src/types.js";
+import type { Clock } from "../../src/clock.js";
+import { VirtualClock } from "../../src/clock.js";
+import type { Engine } from "../../src/engine.js";
+import { EngineError, Refusal } from "../../src/errors.js";
+import type { AdminState, AdmittedCall, CallRequest, SchedulerEvents, SessionView } from "../../src/types.js";
 import type { LowerBound, StepModel } from "./cost-model.js";
 import { lowerBound } from "./cost-model.js";
 import { type SessionInferenceScore, scoreSessionInference } from "./session-scoring.js";

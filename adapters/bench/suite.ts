@@ -2,8 +2,8 @@
 
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
-import type { PresetName, PresetOverrides } from "../adapters/engines/sim/presets.js";
-import { isPresetName } from "../adapters/engines/sim/presets.js";
+import type { PresetName, PresetOverrides } from "../engines/sim/presets.js";
+import { isPresetName } from "../engines/sim/presets.js";
 import { stepModelOfPreset } from "./cost-model.js";
 import { simFleet } from "./fleet.js";
 import { mainChartSvg, renderHtml } from "./report.js";

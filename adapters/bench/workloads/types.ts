@@ -1,6 +1,6 @@
 /** @module The plan every workload compiles to: calls with arrival times, dependencies and lazily built prompts. */
 
-import type { Lane } from "../../src/types.js";
+import type { Lane } from "../../../src/types.js";
 
 /** A latency objective, in seconds. */
 export interface Slo {
