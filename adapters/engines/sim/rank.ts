@@ -5,13 +5,7 @@ import type { FinishReason } from "../../../src/engine.js";
 import { type DecodeRun, runEnd, stepsBefore } from "./decode-run.js";
 import { hostLoadMsPerToken, stepTimeMs } from "./presets.js";
 import { RankKv } from "./rank-kv.js";
-import {
-  emptyRankCounters,
-  type RankContext,
-  type RankCounters,
-  type SimCallEvent,
-  type SimStepEvent,
-} from "./rank-types.js";
+import { emptyRankCounters, type RankContext, type RankCounters, type SimCallEvent } from "./rank-types.js";
 import type { SimCall } from "./sim-call.js";
 import { WaitQueue } from "./wait-queue.js";
 
