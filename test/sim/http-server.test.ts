@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { type SimServer, startSimServer } from "../../adapters/engines/sim/http-server.js";
-import type { SimCallEvent } from "../../adapters/engines/sim/rank.js";
+import type { SimCallEvent } from "../../adapters/engines/sim/rank-types.js";
 
 /** Waits for the first call event that matches (pushed by the engine's hook), without timers. */
 class CallEvents {

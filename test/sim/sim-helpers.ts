@@ -2,7 +2,7 @@
 
 import assert from "node:assert/strict";
 import { setMaxListeners } from "node:events";
-import type { SimCallEvent, SimStepEvent } from "../../adapters/engines/sim/rank.js";
+import type { SimCallEvent, SimStepEvent } from "../../adapters/engines/sim/rank-types.js";
 import { SimEngine, type SimEngineOptions } from "../../adapters/engines/sim/sim-engine.js";
 import { VirtualClock } from "../../src/clock.js";
 import type { EngineCall, EngineResult, EngineStream } from "../../src/engine.js";

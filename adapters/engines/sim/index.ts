@@ -16,6 +16,7 @@ export {
   type StepShape,
   stepTimeMs,
 } from "./presets.js";
-export type { RankCounters, SimCallEvent, SimStepEvent } from "./rank.js";
-export { type RankSignals, SimEngine, type SimEngineOptions, type SimStats } from "./sim-engine.js";
+export type { RankCounters, SimCallEvent, SimStepEvent } from "./rank-types.js";
+export { SimEngine, type SimEngineOptions } from "./sim-engine.js";
+export type { RankSignals, SimStats } from "./sim-signals.js";
 export { DEFAULT_VOCABULARY, type VocabularyEntry, vocabularyFromTokenizer, WORDS } from "./vocabulary.js";

@@ -1,97 +1,13 @@
 /** @module One data-parallel rank of the simulated replica: vLLM V1-style continuous batching over a paged, prefix-cached KV pool. */
 
-import type { Cancel, Clock } from "../../../src/clock.js";
+import type { Cancel } from "../../../src/clock.js";
 import type { FinishReason } from "../../../src/engine.js";
-import { BlockPool, type KvBlockEvent } from "./block-pool.js";
-import { HostTier } from "./host-tier.js";
-import { hostLoadMsPerToken, type SimParams, stepTimeMs } from "./presets.js";
+import { type DecodeRun, runEnd, stepsBefore } from "./decode-run.js";
+import { hostLoadMsPerToken, stepTimeMs } from "./presets.js";
+import { RankKv } from "./rank-kv.js";
+import { emptyRankCounters, type RankContext, type RankCounters, type SimCallEvent } from "./rank-types.js";
 import type { SimCall } from "./sim-call.js";
-import type { VocabularyEntry } from "./vocabulary.js";
-
-/** One engine step (or a run of identical-shape decode steps simulated in one timer). */
-export interface SimStepEvent {
-  rank: number;
-  /** Start of the first step, clock ms. */
-  startMs: number;
-  /** End of the last step, clock ms. */
-  endMs: number;
-  /** Steps covered: 1, or more for a run of pure-decode steps. */
-  steps: number;
-  /** Uncached prefill tokens computed (P). */
-  prefillTokens: number;
-  /** Decode sequences per step (D). */
-  decodeSeqs: number;
-  /** Σ context tokens of the decode sequences in the first step covered (K; grows by D per step). */
-  decodeContextTokens: number;
-  /** Σ t_i·(s_i + t_i/2) over prefill chunks. */
-  prefillPairs: number;
-  /** Tokens loaded from the host tier (prefix hits there), 0 without one. */
-  hostLoadTokens: number;
-  /** Calls preempted while scheduling this step. */
-  preempted: number;
-  /** Calls running and waiting once the step was scheduled. */
-  running: number;
-  waiting: number;
-}
-
-/** Something that happened to one call, with the clock time it happened at. */
-export interface SimCallEvent {
-  type: "arrival" | "scheduled" | "first_token" | "preempted" | "finished";
-  requestId: string;
-  rank: number;
-  atMs: number;
-  /** For `scheduled`: prompt tokens served from the prefix cache (GPU and host tiers). */
-  cachedTokens?: number;
-  /** For `scheduled`: of those, tokens loaded from the host tier. */
-  hostCachedTokens?: number;
-  /** For `finished`. */
-  finishReason?: FinishReason;
-  /** For `finished`: tokens generated. */
-  completionTokens?: number;
-}
-
-/** Cumulative counters of one rank. */
-export interface RankCounters {
-  steps: number;
-  timers: number;
-  busyMs: number;
-  prefillTokens: number;
-  decodeTokens: number;
-  recomputedTokens: number;
-  preemptions: number;
-  finished: number;
-  aborted: number;
-  /** Prompt tokens looked up in the GPU prefix cache, at each call's first scheduling. */
-  prefixQueryTokens: number;
-  /** Of those, tokens found in the GPU prefix cache. */
-  prefixHitTokens: number;
-  /** Prompt tokens looked up in the host tier (the prompt less its GPU hits), at first scheduling. */
-  hostQueryTokens: number;
-  /** Of those, tokens found in the host tier. */
-  hostHitTokens: number;
-  /** Tokens loaded from the host tier, resumed preempted calls included. */
-  hostLoadedTokens: number;
-  /** Time spent loading them, ms. */
-  hostLoadMs: number;
-  /** Blocks written to the host tier when evicted from GPU memory. */
-  hostStoredBlocks: number;
-  promptTokens: number;
-  generationTokens: number;
-}
-
-/** What a rank needs from its engine. */
-export interface RankContext {
-  rank: number;
-  clock: Clock;
-  params: SimParams;
-  vocabulary: readonly VocabularyEntry[];
-  /** Simulate runs of pure-decode steps in one timer (virtual time). */
-  skipDecodeSteps: boolean;
-  onStep?: ((event: SimStepEvent) => void) | undefined;
-  onCall?: ((event: SimCallEvent) => void) | undefined;
-  onKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
-  onHostKvEvent?: ((rank: number, event: KvBlockEvent) => void) | undefined;
-}
+import { WaitQueue } from "./wait-queue.js";
 
 /**
  * How far behind its own schedule a rank may fall before it re-anchors on the
@@ -108,68 +24,6 @@ interface InflightStep {
 }
 
 /**
- * A run of pure-decode steps simulated with one timer. Valid while nothing
- * can change the batch: no call is waiting that could be admitted, no
- * prefill, and enough free blocks for every step. Step j of the run (from
- * `base`) lasts `a + cKv·(K + j·D)` ms. Steps are applied lazily: at the end,
- * or up to the present when an arrival, abort or signal read interrupts.
- */
-interface DecodeRun {
-  calls: SimCall[];
-  /** Start of the next step not yet applied. */
-  base: number;
-  /** Steps not yet applied, including the one in progress. */
-  remaining: number;
-  /** Whether the next step's slots are already allocated (true for the first step of the run). */
-  slotsTaken: boolean;
-  /** Per-step constant part, ms. */
-  a: number;
-  /** Decode context tokens of the next step. */
-  K: number;
-  D: number;
-  endAt: number;
-}
-
-/** A FIFO of waiting calls that also takes preempted calls back at its front. Done calls are skipped lazily. */
-class WaitQueue {
-  private items: SimCall[] = [];
-  private head = 0;
-
-  push(call: SimCall): void {
-    this.items.push(call);
-  }
-
-  unshift(call: SimCall): void {
-    if (this.head > 0) this.items[--this.head] = call;
-    else this.items.unshift(call);
-  }
-
-  peek(): SimCall | undefined {
-    while (this.head < this.items.length) {
-      const call = this.items[this.head]!;
-      if (call.state === "waiting") return call;
-      this.head++;
-    }
-    this.compact();
-    return undefined;
-  }
-
-  shift(): void {
-    this.head++;
-    if (this.head > 1024 && this.head * 2 > this.items.length) this.compact();
-  }
-
-  all(): SimCall[] {
-    return this.items.slice(this.head).filter((c) => c.state === "waiting");
-  }
-
-  private compact(): void {
-    this.items = this.items.slice(this.head);
-    this.head = 0;
-  }
-}
-
-/**
  * One rank: a waiting queue, a running batch and a KV pool. Each step
  * follows vLLM V1's scheduler: running calls first, in admission order
  * (decodes and unfinished chunked prefills: one token each for decodes, up
@@ -179,29 +33,9 @@ class WaitQueue {
  * freed, its KV recomputed later) and no waiting call is admitted that step.
  */
 export class RankSim {
-  readonly pool: BlockPool;
-  readonly counters: RankCounters = {
-    steps: 0,
-    timers: 0,
-    busyMs: 0,
-    prefillTokens: 0,
-    decodeTokens: 0,
-    recomputedTokens: 0,
-    preemptions: 0,
-    finished: 0,
-    aborted: 0,
-    prefixQueryTokens: 0,
-    prefixHitTokens: 0,
-    hostQueryTokens: 0,
-    hostHitTokens: 0,
-    hostLoadedTokens: 0,
-    hostLoadMs: 0,
-    hostStoredBlocks: 0,
-    promptTokens: 0,
-    generationTokens: 0,
-  };
-  /** The host-memory tier, when the rank has one. */
-  readonly host: HostTier | undefined;
+  readonly counters: RankCounters = emptyRankCounters();
+  /** Its GPU pool and the host tier behind it, if any. */
+  readonly kv: RankKv;
   private readonly running: SimCall[] = [];
   private readonly waiting = new WaitQueue();
   private waitingCount = 0;
@@ -217,24 +51,7 @@ export class RankSim {
     const { params } = ctx;
     this.bs = params.blockSize;
     this.creditMs = params.cPrefill * params.floorCreditTokens;
-    const onKv = ctx.onKvEvent;
-    const hostBlocks = Math.floor(params.hostKvTokens / params.blockSize);
-    const onHostKv = ctx.onHostKvEvent;
-    const host =
-      hostBlocks > 0
-        ? new HostTier(hostBlocks, onHostKv ? (event) => onHostKv(ctx.rank, event) : undefined)
-        : undefined;
-    this.host = host;
-    const counters = this.counters;
-    this.pool = new BlockPool(
-      Math.floor(params.kvCapacityTokens / params.blockSize),
-      onKv ? (event) => onKv(ctx.rank, event) : undefined,
-      host
-        ? (hash) => {
-            if (host.store(hash)) counters.hostStoredBlocks++;
-          }
-        : undefined,
-    );
+    this.kv = new RankKv(ctx, this.counters);
   }
 
   /** Calls in the running batch. */
@@ -255,7 +72,7 @@ export class RankSim {
   /** Blocks held by running calls over all blocks, after applying decode steps already past. */
   kvUsage(): number {
     this.catchUp();
-    return this.pool.usedBlocks() / this.pool.numBlocks;
+    return this.kv.pool.usedBlocks() / this.kv.pool.numBlocks;
   }
 
   /** Queues a call; it is scheduled at the next step boundary. */
@@ -300,7 +117,7 @@ export class RankSim {
   catchUp(): void {
     const run = this.run;
     if (!run) return;
-    const k = this.stepsBefore(run, this.ctx.clock.now());
+    const k = stepsBefore(run, this.ctx.clock.now(), this.ctx.params.cKv);
     if (k > 0) this.applyRun(run, k);
   }
 
@@ -349,7 +166,7 @@ export class RankSim {
       if (s < call.highWater) this.counters.recomputedTokens += Math.min(s + n, call.highWater) - s;
       call.numComputed = s + n;
       if (call.numComputed > call.highWater) call.highWater = call.numComputed;
-      this.registerFull(call);
+      this.kv.registerFull(call);
       calls.push(call);
       budget -= n;
     };
@@ -363,7 +180,7 @@ export class RankSim {
         continue;
       }
       let scheduled = true;
-      while (!this.growBlocks(call, call.numComputed + n)) {
+      while (!this.kv.grow(call, call.numComputed + n)) {
         const victim = this.running.pop()!;
         this.preempt(victim, now);
         preempted++;
@@ -382,28 +199,17 @@ export class RankSim {
       while (budget > 0 && this.running.length < params.maxNumSeqs) {
         const call = this.waiting.peek();
         if (!call) break;
-        // At least the last prompt token is computed (as vLLM does), so hits stop one short of it.
-        const maxHitBlocks = Math.floor((call.numTokens - 1) / bs);
-        const hits = this.pool.lookup(call.hashes, maxHitBlocks);
-        // The chain continues in host memory where GPU memory lost it; those blocks are loaded, not computed.
-        const gpuHitTokens = hits.length * bs;
-        const hostBlocks = this.host ? this.host.matchFrom(call.hashes, hits.length, maxHitBlocks) : 0;
+        const hits = this.kv.prefixHits(call);
+        const gpuHitTokens = hits.blocks.length * bs;
+        const hostBlocks = hits.hostBlocks;
         // KV pulled from a prefill replica is in place at first scheduling (the transfer ran before it queued here).
         const remote = call.scheduledOnce ? 0 : call.remoteTokens;
         const hitTokens = Math.max(gpuHitTokens + hostBlocks * bs, remote);
         const n = Math.min(call.numTokens - hitTokens, budget);
-        const need = Math.ceil((hitTokens + n) / bs) - hits.length;
-        if (need > this.pool.freeBlocks() - this.pool.countFree(hits)) {
+        if (!this.kv.admit(call, hits, hitTokens, hitTokens + n)) {
           waitingBlocked = true;
           break;
         }
-        this.pool.touch(hits);
-        // Touched before allocating: the evictions that allocation spills into the host tier must not push these out.
-        if (hostBlocks > 0) this.host!.touch(call.hashes, hits.length, hostBlocks);
-        call.blocks = hits;
-        call.registered = hits.length;
-        call.numComputed = hitTokens;
-        for (let j = 0; j < need; j++) call.blocks.push(this.pool.allocate());
         if (hostBlocks > 0) {
           hostLoad += hostBlocks * bs;
           this.counters.hostLoadedTokens += hostBlocks * bs;
@@ -416,12 +222,7 @@ export class RankSim {
           call.scheduledOnce = true;
           call.cachedTokens = hitTokens;
           call.hostCachedTokens = hostBlocks * bs;
-          this.counters.prefixQueryTokens += call.numTokens;
-          this.counters.prefixHitTokens += gpuHitTokens;
-          if (this.host) {
-            this.counters.hostQueryTokens += call.numTokens - gpuHitTokens;
-            this.counters.hostHitTokens += hostBlocks * bs;
-          }
+          this.kv.countLookup(call.numTokens, gpuHitTokens, hostBlocks * bs);
           this.emitCall(call, "scheduled");
         }
         record(call, n);
@@ -462,7 +263,7 @@ export class RankSim {
     ) {
       let n = Number.POSITIVE_INFINITY;
       for (const call of this.running) n = Math.min(n, call.remainingOutput());
-      n = this.feasibleSteps(n);
+      n = this.kv.feasibleSteps(this.running, n);
       if (n >= 2) {
         const a = params.c0 + Math.max(0, params.cDec * D - this.creditMs);
         const run: DecodeRun = {
@@ -475,7 +276,7 @@ export class RankSim {
           D,
           endAt: now,
         };
-        run.endAt = this.runEnd(run, n);
+        run.endAt = runEnd(run, n, params.cKv);
         this.run = run;
         this.timer = clock.setTimeout(() => this.onRunEnd(run), run.endAt - clock.now());
         return;
@@ -536,50 +337,6 @@ export class RankSim {
 
   // ---- decode runs -------------------------------------------------------------------------
 
-  /** Largest n ≤ `limit` such that every running call can get the blocks for n decode steps. */
-  private feasibleSteps(limit: number): number {
-    const enough = (n: number): boolean => {
-      let need = 0;
-      // numComputed already includes the first step of the run.
-      for (const call of this.running) {
-        const extra = Math.ceil((call.numComputed + n - 1) / this.bs) - call.blocks.length;
-        if (extra > 0) need += extra;
-      }
-      return need <= this.pool.freeBlocks();
-    };
-    if (enough(limit)) return limit;
-    let lo = 1;
-    let hi = limit;
-    while (hi - lo > 1) {
-      const mid = Math.floor((lo + hi) / 2);
-      if (enough(mid)) lo = mid;
-      else hi = mid;
-    }
-    return lo;
-  }
-
-  /** End time of the first `k` remaining steps of a run (summed step by step, as applied). */
-  private runEnd(run: DecodeRun, k: number): number {
-    const cKv = this.ctx.params.cKv;
-    let t = run.base;
-    for (let j = 0; j < k; j++) t += run.a + cKv * (run.K + j * run.D);
-    return t;
-  }
-
-  /** Steps of the run that ended strictly before `now`, at most `remaining − 1`. */
-  private stepsBefore(run: DecodeRun, now: number): number {
-    const cKv = this.ctx.params.cKv;
-    let t = run.base;
-    let k = 0;
-    while (k < run.remaining - 1) {
-      const end = t + run.a + cKv * (run.K + k * run.D);
-      if (end >= now) break;
-      t = end;
-      k++;
-    }
-    return k;
-  }
-
   private onRunEnd(run: DecodeRun): void {
     if (this.run !== run) return;
     this.timer = undefined;
@@ -601,7 +358,7 @@ export class RankSim {
     this.timer?.();
     this.timer = undefined;
     this.run = undefined;
-    const k = this.stepsBefore(run, this.ctx.clock.now());
+    const k = stepsBefore(run, this.ctx.clock.now(), this.ctx.params.cKv);
     if (k > 0) this.applyRun(run, k);
     const calls = run.calls.filter((c) => c.state === "running");
     if (!run.slotsTaken) for (const call of calls) this.takeDecodeSlot(call);
@@ -611,20 +368,7 @@ export class RankSim {
     this.counters.steps++;
     this.counters.busyMs += duration;
     this.counters.decodeTokens += run.D;
-    this.ctx.onStep?.({
-      rank: this.ctx.rank,
-      startMs: run.base,
-      endMs: endAt,
-      steps: 1,
-      prefillTokens: 0,
-      decodeSeqs: run.D,
-      decodeContextTokens: K,
-      prefillPairs: 0,
-      hostLoadTokens: 0,
-      preempted: 0,
-      running: this.running.length,
-      waiting: this.waitingCount,
-    });
+    this.emitDecodeSteps(run.base, endAt, 1, run.D, K);
     this.arm({ calls, endAt });
   }
 
@@ -654,20 +398,7 @@ export class RankSim {
     run.base = t;
     run.remaining -= k;
     run.slotsTaken = false;
-    this.ctx.onStep?.({
-      rank: this.ctx.rank,
-      startMs,
-      endMs: t,
-      steps: k,
-      prefillTokens: 0,
-      decodeSeqs: run.D,
-      decodeContextTokens: firstK,
-      prefillPairs: 0,
-      hostLoadTokens: 0,
-      preempted: 0,
-      running: this.running.length,
-      waiting: this.waitingCount,
-    });
+    this.emitDecodeSteps(startMs, t, k, run.D, firstK);
     for (let i = 0; i < calls.length; i++) {
       const call = calls[i]!;
       call.stream.push(call.output.slice(startLen[i]), texts[i]!);
@@ -675,37 +406,38 @@ export class RankSim {
     }
   }
 
+  /** Reports `steps` pure-decode steps of `D` sequences from `startMs` to `endMs`, the first with `K` context tokens. */
+  private emitDecodeSteps(startMs: number, endMs: number, steps: number, D: number, K: number): void {
+    this.ctx.onStep?.({
+      rank: this.ctx.rank,
+      startMs,
+      endMs,
+      steps,
+      prefillTokens: 0,
+      decodeSeqs: D,
+      decodeContextTokens: K,
+      prefillPairs: 0,
+      hostLoadTokens: 0,
+      preempted: 0,
+      running: this.running.length,
+      waiting: this.waitingCount,
+    });
+  }
+
   /** Reserves the KV slot of one decode token (a new block when the last one is full). */
   private takeDecodeSlot(call: SimCall): void {
-    if (!this.growBlocks(call, call.numComputed + 1)) {
+    if (!this.kv.grow(call, call.numComputed + 1)) {
       throw new Error("decode run outgrew the KV pool (feasibility check is wrong)");
     }
     call.numComputed++;
     if (call.numComputed > call.highWater) call.highWater = call.numComputed;
-    this.registerFull(call);
+    this.kv.registerFull(call);
   }
 
   // ---- blocks and lifecycle ------------------------------------------------------------------
 
-  /** Gives the call enough blocks for `tokens` tokens; false (and nothing taken) when the pool is short. */
-  private growBlocks(call: SimCall, tokens: number): boolean {
-    const need = Math.ceil(tokens / this.bs) - call.blocks.length;
-    if (need <= 0) return true;
-    if (need > this.pool.freeBlocks()) return false;
-    for (let j = 0; j < need; j++) call.blocks.push(this.pool.allocate());
-    return true;
-  }
-
-  /** Offers the call's newly full blocks to the prefix cache. */
-  private registerFull(call: SimCall): void {
-    const full = Math.floor(call.numComputed / this.bs);
-    for (let i = call.registered; i < full; i++) this.pool.register(call.blocks[i]!, call.hashes[i]!);
-    if (full > call.registered) call.registered = full;
-  }
-
   private preempt(call: SimCall, now: number): void {
-    this.pool.release(call.blocks);
-    call.blocks = [];
+    this.kv.release(call);
     call.registered = 0;
     call.numComputed = 0;
     call.state = "waiting";
@@ -717,8 +449,7 @@ export class RankSim {
   }
 
   private finish(call: SimCall, reason: FinishReason): void {
-    if (call.blocks.length > 0) this.pool.release(call.blocks);
-    call.blocks = [];
+    this.kv.release(call);
     call.state = "done";
     if (reason !== "abort") this.counters.finished++;
     this.ctx.onCall?.({
@@ -752,7 +483,7 @@ export class RankSim {
     };
     if (type === "scheduled") {
       event.cachedTokens = call.cachedTokens;
-      if (this.host) event.hostCachedTokens = call.hostCachedTokens;
+      if (this.kv.host) event.hostCachedTokens = call.hostCachedTokens;
     }
     onCall(event);
   }

@@ -1,25 +1,26 @@
 /** @module `SimEngine`: the simulated vLLM-like replica behind the `Engine` port, in real or virtual time. */
 
-import type { Cancel } from "../../../src/clock.js";
 import { type Clock, VirtualClock } from "../../../src/clock.js";
 import type { Engine, EngineCall, EngineSignals, EngineStream, ReplicaRole } from "../../../src/engine.js";
 import { Refusal } from "../../../src/errors.js";
 import type { KvBlockEvent } from "./block-pool.js";
 import { CallStream } from "./call-stream.js";
 import { mixSeed } from "./hash.js";
+import { runInstant } from "./instant.js";
+import { KvLink, type KvTransferStats } from "./kv-link.js";
 import {
-  hostLoadMsPerToken,
   kvTransferMsPerToken,
   PRESET_MODELS,
   type PresetName,
   type PresetOverrides,
-  prefillTokensPerSecond,
   resolveSimParams,
   type SimParams,
 } from "./presets.js";
-import { type RankCounters, RankSim, type SimCallEvent, type SimStepEvent } from "./rank.js";
+import { RankSim } from "./rank.js";
+import type { SimCallEvent, SimStepEvent } from "./rank-types.js";
 import { SimCall } from "./sim-call.js";
 import { SimResponses } from "./sim-responses.js";
+import { type RankSignals, rankSignals, replicaSignals, replicaStats, type SimStats } from "./sim-signals.js";
 import { DEFAULT_VOCABULARY, type VocabularyEntry } from "./vocabulary.js";
 
 /** Options of {@link SimEngine}; any {@link SimParams} field overrides the preset. */
@@ -71,51 +72,6 @@ export interface SimEngineOptions extends Partial<SimParams> {
 }
 
 /**
- * KV transfers a decode replica received, as vLLM's NIXL connector counts them
- * (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`).
- */
-export interface KvTransferStats {
-  transfers: number;
-  bytes: number;
-  /** Σ time on the link, seconds (the wait for the link excluded). */
-  seconds: number;
-  /** Each transfer's seconds and bytes, for histograms; the latest 4096 only. */
-  recent: { seconds: number; bytes: number }[];
-}
-
-/** Cumulative counters of a simulated replica (all ranks). */
-export interface SimStats extends RankCounters {
-  /** Cached blocks evicted to make room. */
-  evictedBlocks: number;
-  /** Blocks dropped from the host tier to make room (0 without one). */
-  hostEvictedBlocks: number;
-  /** Per rank, same fields. */
-  ranks: RankCounters[];
-}
-
-/** Signals of one rank (what vLLM reports per `engine` label). */
-export interface RankSignals {
-  rank: number;
-  kvUsage: number;
-  running: number;
-  waiting: number;
-  preemptions: number;
-  prefixQueryTokens: number;
-  prefixHitTokens: number;
-  promptTokens: number;
-  generationTokens: number;
-  numBlocks: number;
-  /** Host-tier blocks (0 without a host tier), blocks held there, and its counters. */
-  numHostBlocks: number;
-  hostBlocksUsed: number;
-  hostQueryTokens: number;
-  hostHitTokens: number;
-  hostLoadedTokens: number;
-  hostLoadMs: number;
-  hostStoredBlocks: number;
-}
-
-/**
  * A discrete-event model of a vLLM replica (docs/benchmarks.md and docs/simulator.md): paged KV in
  * blocks, automatic prefix caching with LRU eviction of unreferenced blocks,
  * continuous batching with chunked prefill, preemption by recompute, and the
@@ -145,12 +101,10 @@ export class SimEngine implements Engine {
   readonly clock: Clock;
   readonly role: ReplicaRole;
   /** KV transfers received (a decode replica's). */
-  readonly transfers: KvTransferStats = { transfers: 0, bytes: 0, seconds: 0, recent: [] };
+  readonly transfers: KvTransferStats;
   private readonly ranks: RankSim[];
-  /** When this replica's link finishes the transfers already started, clock ms: transfers queue on it. */
-  private linkFreeAt = Number.NEGATIVE_INFINITY;
-  /** Calls whose KV is on the link, with the timer that queues each once it arrived. */
-  private readonly receiving = new Map<SimCall, Cancel>();
+  /** The link prompts' KV is pulled over: transfers queue on it. */
+  private readonly link: KvLink;
   private readonly vocabulary: readonly VocabularyEntry[];
   private readonly active = new Set<SimCall>();
   /** Responses API state this replica holds (`previous_response_id`). */
@@ -198,6 +152,8 @@ export class SimEngine implements Engine {
     this.dataParallelSize = dataParallelSize;
     this.seed = seed;
     this.clock = clock;
+    this.link = new KvLink(clock);
+    this.transfers = this.link.stats;
     this.vocabulary = vocabulary;
     const skip = skipDecodeSteps ?? clock instanceof VirtualClock;
     this.ranks = [];
@@ -281,7 +237,7 @@ export class SimEngine implements Engine {
     }
     const pulls = transfer?.do_remote_prefill === true && this.role !== "prefill";
     if (this.params.instant) {
-      this.runInstant(ranker, sim);
+      runInstant(ranker, sim, this.vocabulary, this.clock.now());
       return stream;
     }
     const created = sim;
@@ -327,24 +283,7 @@ export class SimEngine implements Engine {
   private receive(sim: SimCall, rank: RankSim): void {
     const tokens = sim.promptLen - 1;
     const ms = tokens * kvTransferMsPerToken(this.params);
-    const now = this.clock.now();
-    const start = Math.max(now, this.linkFreeAt);
-    this.linkFreeAt = start + ms;
-    sim.remoteTokens = tokens;
-    const bytes = tokens * this.params.kvBytesPerToken;
-    const cancel = this.clock.setTimeout(
-      () => {
-        this.receiving.delete(sim);
-        this.transfers.transfers++;
-        this.transfers.bytes += bytes;
-        this.transfers.seconds += ms / 1000;
-        this.transfers.recent.push({ seconds: ms / 1000, bytes });
-        if (this.transfers.recent.length > 4096) this.transfers.recent.shift();
-        rank.submit(sim);
-      },
-      start + ms - now,
-    );
-    this.receiving.set(sim, cancel);
+    this.link.receive(sim, tokens, ms, tokens * this.params.kvBytesPerToken, () => rank.submit(sim));
   }
 
   /** The rank a call goes to. */
@@ -364,11 +303,8 @@ export class SimEngine implements Engine {
   }
 
   private abortCall(sim: SimCall): void {
-    const receiving = this.receiving.get(sim);
-    if (receiving) {
+    if (this.link.cancel(sim)) {
       // Still on the link: nothing in the rank to free.
-      receiving();
-      this.receiving.delete(sim);
       sim.state = "done";
       sim.stream.end(sim.result("abort"));
       return;
@@ -376,183 +312,59 @@ export class SimEngine implements Engine {
     this.ranks[sim.rank]!.abort(sim);
   }
 
-  /** The `instant` preset: prefix lookup (both tiers), all output, caching and completion in one go. */
-  private runInstant(rank: RankSim, sim: SimCall): void {
-    const pool = rank.pool;
-    const bs = this.params.blockSize;
-    const maxHitBlocks = Math.floor((sim.numTokens - 1) / bs);
-    const hits = pool.lookup(sim.hashes, maxHitBlocks);
-    // The host tier continues the chain where GPU memory lost it (loaded at no time here).
-    const hostBlocks = rank.host ? rank.host.matchFrom(sim.hashes, hits.length, maxHitBlocks) : 0;
-    if (hostBlocks > 0) rank.host!.touch(sim.hashes, hits.length, hostBlocks);
-    sim.hostCachedTokens = hostBlocks * bs;
-    sim.cachedTokens = hits.length * bs + sim.hostCachedTokens;
-    rank.counters.prefixQueryTokens += sim.promptLen;
-    rank.counters.prefixHitTokens += hits.length * bs;
-    if (rank.host) {
-      rank.counters.hostQueryTokens += sim.promptLen - hits.length * bs;
-      rank.counters.hostHitTokens += sim.hostCachedTokens;
-      rank.counters.hostLoadedTokens += sim.hostCachedTokens;
-    }
-    rank.counters.promptTokens += sim.promptLen;
-    let text = "";
-    for (let i = 0; i < sim.maxTokens; i++) text += sim.sample(this.vocabulary).text;
-    rank.counters.generationTokens += sim.maxTokens;
-    rank.counters.prefillTokens += sim.promptLen - sim.cachedTokens;
-    rank.counters.decodeTokens += sim.maxTokens;
-    // Leave the whole sequence in the cache, as a finished call would.
-    const full = sim.hashes.length;
-    const need = full - hits.length;
-    if (need <= pool.freeBlocks() - pool.countFree(hits)) {
-      pool.touch(hits);
-      const blocks = hits.slice();
-      for (let i = hits.length; i < full; i++) {
-        const b = pool.allocate();
-        blocks.push(b);
-        pool.register(b, sim.hashes[i]!);
-      }
-      pool.release(blocks);
-    }
-    rank.counters.finished++;
-    sim.state = "done";
-    sim.firstTokenMs = this.clock.now();
-    sim.stream.push(sim.output, text);
-    sim.stream.end(sim.result("length"));
-  }
-
   /** Signals of the whole replica: KV usage over all ranks' blocks, counts summed. */
   signals(): EngineSignals {
-    let used = 0;
-    let blocks = 0;
-    let running = 0;
-    let waiting = 0;
-    let preemptions = 0;
-    let queries = 0;
-    let hits = 0;
-    for (const rank of this.ranks) {
-      rank.catchUp();
-      used += rank.pool.usedBlocks();
-      blocks += rank.pool.numBlocks;
-      running += rank.runningCount();
-      waiting += rank.waitingCalls();
-      preemptions += rank.counters.preemptions;
-      queries += rank.counters.prefixQueryTokens;
-      hits += rank.counters.prefixHitTokens;
-    }
-    const signals: EngineSignals = {
-      readAtMs: this.clock.now(),
-      healthy: !this.closed,
-      kvUsage: used / blocks,
-      prefixQueryTokens: queries,
-      prefixHitTokens: hits,
-      running,
-      waiting,
-      preemptions,
-      kvCapacityTokens: blocks * this.params.blockSize,
-      blockSize: this.params.blockSize,
-      maxNumSeqs: this.params.maxNumSeqs,
+    return replicaSignals(this.ranks, {
+      params: this.params,
+      role: this.role,
       dataParallelSize: this.dataParallelSize,
-      prefillTokensPerSecond: prefillTokensPerSecond(this.params) * this.dataParallelSize,
-    };
-    if (this.role === "decode") {
-      const msPerToken = kvTransferMsPerToken(this.params);
-      signals.kvTransferTokensPerSecond = msPerToken > 0 ? 1000 / msPerToken : 1e9;
-    }
-    if (this.ranks[0]!.host) {
-      let hostBlocks = 0;
-      let hostUsed = 0;
-      let hostQueries = 0;
-      let hostHits = 0;
-      for (const rank of this.ranks) {
-        hostBlocks += rank.host!.capacity;
-        hostUsed += rank.host!.size();
-        hostQueries += rank.counters.hostQueryTokens;
-        hostHits += rank.counters.hostHitTokens;
-      }
-      signals.hostKvCapacityTokens = hostBlocks * this.params.blockSize;
-      signals.hostKvUsage = hostUsed / hostBlocks;
-      signals.hostPrefixQueryTokens = hostQueries;
-      signals.hostPrefixHitTokens = hostHits;
-      const msPerToken = hostLoadMsPerToken(this.params);
-      signals.hostLoadTokensPerSecond = msPerToken > 0 ? 1000 / msPerToken : 1e9;
-    }
-    return signals;
+      healthy: !this.closed,
+      readAtMs: this.clock.now(),
+    });
   }
 
   /** Signals per rank (what vLLM labels with `engine`). */
   rankSignals(): RankSignals[] {
-    return this.ranks.map((rank, i) => ({
-      rank: i,
-      kvUsage: rank.kvUsage(),
-      running: rank.runningCount(),
-      waiting: rank.waitingCalls(),
-      preemptions: rank.counters.preemptions,
-      prefixQueryTokens: rank.counters.prefixQueryTokens,
-      prefixHitTokens: rank.counters.prefixHitTokens,
-      promptTokens: rank.counters.promptTokens,
-      generationTokens: rank.counters.generationTokens,
-      numBlocks: rank.pool.numBlocks,
-      numHostBlocks: rank.host?.capacity ?? 0,
-      hostBlocksUsed: rank.host?.size() ?? 0,
-      hostQueryTokens: rank.counters.hostQueryTokens,
-      hostHitTokens: rank.counters.hostHitTokens,
-      hostLoadedTokens: rank.counters.hostLoadedTokens,
-      hostLoadMs: rank.counters.hostLoadMs,
-      hostStoredBlocks: rank.counters.hostStoredBlocks,
-    }));
+    return rankSignals(this.ranks);
   }
 
   /** Work counters (steps, busy time, recomputed tokens, …), summed over ranks and per rank. */
   stats(): SimStats {
-    const ranks = this.ranks.map((rank) => {
-      rank.catchUp();
-      return { ...rank.counters };
-    });
-    const total = { ...ranks[0]! };
-    for (const r of ranks.slice(1)) {
-      for (const key of Object.keys(total) as (keyof RankCounters)[]) total[key] += r[key];
-    }
-    let evictedBlocks = 0;
-    let hostEvictedBlocks = 0;
-    for (const rank of this.ranks) {
-      evictedBlocks += rank.pool.evictedBlocks();
-      hostEvictedBlocks += rank.host?.evictedBlocks() ?? 0;
-    }
-    return { ...total, evictedBlocks, hostEvictedBlocks, ranks };
+    return replicaStats(this.ranks);
   }
 
   /** Blocks per rank. */
   blocksPerRank(): number {
-    return this.ranks[0]!.pool.numBlocks;
+    return this.ranks[0]!.kv.pool.numBlocks;
   }
 
   /** Host-tier blocks per rank (0 without a host tier). */
   hostBlocksPerRank(): number {
-    return this.ranks[0]!.host?.capacity ?? 0;
+    return this.ranks[0]!.kv.host?.capacity ?? 0;
   }
 
   /** Whether a block with this chained hash is in `rank`'s host tier (for tests). */
   hasHostBlock(hash: number, rank = 0): boolean {
-    return this.ranks[rank]?.host?.has(hash) ?? false;
+    return this.ranks[rank]?.kv.host?.has(hash) ?? false;
   }
 
   /** Whether a block with this chained hash is in `rank`'s prefix cache (for tests). */
   hasCachedBlock(hash: number, rank = 0): boolean {
-    return this.ranks[rank]?.pool.has(hash) ?? false;
+    return this.ranks[rank]?.kv.pool.has(hash) ?? false;
   }
 
   /** The KV pool of one rank (read-only use: tests and diagnostics). */
-  poolOf(rank = 0): RankSim["pool"] {
+  poolOf(rank = 0): RankSim["kv"]["pool"] {
     const r = this.ranks[rank];
     if (!r) throw new RangeError(`rank should be in [0, ${this.ranks.length - 1}], got ${rank}`);
-    return r.pool;
+    return r.kv.pool;
   }
 
   /** Aborts every call and stops all timers. Later `generate` calls are refused (`unavailable`). */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    for (const sim of [...this.receiving.keys()]) this.abortCall(sim);
+    for (const sim of this.link.calls()) this.abortCall(sim);
     for (const rank of this.ranks) rank.close();
     this.active.clear();
   }
