@@ -1,7 +1,6 @@
 /** @module Shared vocabulary of the scheduler's API: calls, sessions, lanes, state snapshots, events. */
 
 import type { CallEndpoint, EngineChunk, EngineResult } from "./engine.js";
-import type { InferenceOutcome } from "./sessions/session-inference.js";
 
 /** A lane a call runs in. */
 export type Lane = "interactive" | "bulk";
@@ -328,3 +327,25 @@ export interface SchedulerEvents {
   /** A replica became healthy or unhealthy at a control tick, and why; one unhealthy from the start is reported once too. */
   health?(e: { replica: string; healthy: boolean; cause: string }): void;
 }
+
+/**
+ * What inference made of a call (the `outcome` label of `sluice_session_inference_total`).
+ * `on`: `continued` (next step of an inferred session), `forked` (a child session off an earlier
+ * point, or a second call continuing the same point), `new` (continues nothing: a first call or a
+ * rewritten history), `ambiguous` (the point it continues was reached by two or more chains: a
+ * shared prefix never decides), `keyed` (the call had a key), `unsupported` (a prompt inference
+ * does not read). `shadow`, for calls with a key: `agreed`, `disagreed` (inference would have put it
+ * in another key's session), `missed` (its key was seen before but inference found no point);
+ * `unkeyed` for calls without one.
+ */
+export type InferenceOutcome =
+  | "continued"
+  | "forked"
+  | "new"
+  | "ambiguous"
+  | "keyed"
+  | "unsupported"
+  | "agreed"
+  | "disagreed"
+  | "missed"
+  | "unkeyed";

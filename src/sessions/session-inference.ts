@@ -4,6 +4,7 @@
  * message-level chain index over the points recent calls reached; pure, no clock.
  */
 
+import type { InferenceOutcome } from "../types.js";
 import {
   type ChainEnd,
   chainEnd,
@@ -12,31 +13,11 @@ import {
   type ReturnedOutput,
 } from "./message-digest.js";
 
+export type { InferenceOutcome };
+
 /** `on` infers sessions for calls without a key; `shadow` infers beside explicit keys and only reports; `off` does nothing. */
 export const INFERENCE_MODES = ["on", "shadow", "off"] as const;
 export type InferenceMode = (typeof INFERENCE_MODES)[number];
-
-/**
- * What inference made of a call (the `outcome` label of `sluice_session_inference_total`).
- * `on`: `continued` (next step of an inferred session), `forked` (a child session off an earlier
- * point, or a second call continuing the same point), `new` (continues nothing: a first call or a
- * rewritten history), `ambiguous` (the point it continues was reached by two or more chains: a
- * shared prefix never decides), `keyed` (the call had a key), `unsupported` (a prompt inference
- * does not read). `shadow`, for calls with a key: `agreed`, `disagreed` (inference would have put it
- * in another key's session), `missed` (its key was seen before but inference found no point);
- * `unkeyed` for calls without one.
- */
-export type InferenceOutcome =
-  | "continued"
-  | "forked"
-  | "new"
-  | "ambiguous"
-  | "keyed"
-  | "unsupported"
-  | "agreed"
-  | "disagreed"
-  | "missed"
-  | "unkeyed";
 
 /** Default number of chain points remembered: ~250 bytes each (token prompts: plus a block's tail), ~25 MB. */
 export const DEFAULT_INFERENCE_CAPACITY = 100_000;
