@@ -1,8 +1,7 @@
 /**
- * @module Engine profiles: which of vLLM's (and NIM's) series mean what, across
- * their versions, which signals a page leaves unknown, and which engine a page is;
- * SGLang's, llama.cpp's and TGI's pages are read in `sglang-profile.ts`,
- * `llamacpp-profile.ts` and `tgi-profile.ts`.
+ * @module Engine profiles: which of vLLM's and SGLang's series mean what, across
+ * their versions, and which signals a page leaves unknown; llama.cpp's and TGI's
+ * pages are read in `llamacpp-profile.ts` and `tgi-profile.ts`.
  *
  * One rule runs through it: the engine's own statement wins over a value
  * derived from other series, and a series the page does not carry is
@@ -11,15 +10,10 @@
  * 0 grows it); an unknown one is reported as such and left to the operator.
  */
 
+import type { EngineSignals } from "../../../src/engine.js";
 import type { MetricSample, ParsedExposition } from "./exposition.js";
 import { LLAMACPP_CORE, llamacppSignals } from "./llamacpp-profile.js";
-import type {
-  CapacitySource,
-  EngineProfileName,
-  HostTierSignals,
-  ScrapedSignals,
-  SignalField,
-} from "./profile-types.js";
+import type { CapacitySource, EngineProfileName, ScrapedSignals, SignalField } from "./profile-types.js";
 import {
   type ByName,
   clamp01,
@@ -34,7 +28,6 @@ import {
   series,
   sum,
 } from "./series-lookup.js";
-import { SGLANG_CORE, sglangSignals } from "./sglang-profile.js";
 import { TGI_CORE, tgiSignals } from "./tgi-profile.js";
 
 export {
@@ -150,6 +143,16 @@ function vllmCapacity(
   }
   return { tokens: total, source: "derived" };
 }
+
+/** The host tier's signals, merged into a page's signals when the page shows one. */
+type HostTierSignals = Pick<
+  EngineSignals,
+  | "hostKvCapacityTokens"
+  | "hostKvUsage"
+  | "hostPrefixQueryTokens"
+  | "hostPrefixHitTokens"
+  | "hostLoadTokensPerSecond"
+>;
 
 /** Whether a `cache_config_info` label states a positive number (vLLM prints `None` for an unset option). */
 function positiveLabel(sample: MetricSample, label: string): boolean {
@@ -276,6 +279,108 @@ function vllmSignals(byName: ByName, declared: ReadonlySet<string>): ScrapedSign
   return signals;
 }
 
+// --- SGLang -------------------------------------------------------------------------------------
+
+/** Running requests: `num_running_reqs` in later versions; `num_requests_running` in the first collector (2024). */
+const SGLANG_RUNNING = ["sglang:num_running_reqs", "sglang:num_requests_running"];
+/** Waiting requests: `num_queue_reqs` in later versions; `num_requests_waiting` and `queue_req` in the first collector. */
+const SGLANG_WAITING = ["sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"];
+/** Names only the first collector exported. */
+const SGLANG_LEGACY_ONLY = ["sglang:num_requests_running", "sglang:num_requests_waiting", "sglang:queue_req"];
+
+/**
+ * Cached prompt tokens. SGLang creates `sglang:cached_tokens_total` only when
+ * a first token is served from cache, and splits it by `cache_source`
+ * (device, host, storage) in newer builds; a `total` source, when present,
+ * already sums the others.
+ */
+function sglangCachedTokens(byName: ByName): MetricSample[] | undefined {
+  const cached = pick(byName, "sglang:cached_tokens_total");
+  if (!cached) return undefined;
+  const totals = cached.filter((s) => s.labels.cache_source === "total");
+  return totals.length > 0 ? totals : cached;
+}
+
+/**
+ * SGLang's HiCache: the host pool's size and use from
+ * `sglang:hicache_host_{total,used}_tokens`, its hits from
+ * `sglang:cached_tokens_total{cache_source="host"}`, its queries as the
+ * prompts less their device hits (`cache_source="device"`), as vLLM counts
+ * external queries. Undefined when the page shows no host pool.
+ */
+function sglangHostTier(byName: ByName, unknown: SignalField[]): HostTierSignals | undefined {
+  const total = pick(byName, "sglang:hicache_host_total_tokens");
+  const used = pick(byName, "sglang:hicache_host_used_tokens");
+  const cached = series(byName, "sglang:cached_tokens_total");
+  const hostHits = cached.filter((s) => s.labels.cache_source === "host");
+  const deviceHits = cached.filter((s) => s.labels.cache_source === "device");
+  if (!total && hostHits.length === 0) return undefined;
+  const host: HostTierSignals = {};
+  const capacity = Math.floor(sum(total));
+  host.hostKvCapacityTokens = Math.max(0, capacity);
+  if (capacity <= 0) unknown.push("hostKvCapacityTokens");
+  else if (used) host.hostKvUsage = clamp01(sum(used) / capacity);
+  const prompts = pick(byName, "sglang:prompt_tokens_total");
+  if (prompts && hostHits.length > 0) {
+    host.hostPrefixHitTokens = sum(hostHits);
+    host.hostPrefixQueryTokens = Math.max(0, sum(prompts) - sum(deviceHits));
+  }
+  return host;
+}
+
+function sglangSignals(byName: ByName): ScrapedSignals {
+  const unknown: SignalField[] = [];
+  const legacy = SGLANG_LEGACY_ONLY.some((n) => byName.has(n)) && !byName.has("sglang:num_running_reqs");
+  const kv = pick(byName, "sglang:token_usage");
+  const running = pick(byName, ...SGLANG_RUNNING);
+  const waiting = pick(byName, ...SGLANG_WAITING);
+  const capacity = pick(byName, "sglang:max_total_num_tokens");
+  const preemptions = pick(byName, "sglang:num_retracted_requests_total");
+  const prompts = pick(byName, "sglang:prompt_tokens_total");
+  const cached = sglangCachedTokens(byName);
+  const capacityTokens = Math.floor(sum(capacity));
+  const blockSize = largestPositive(series(byName, "sglang:page_size")) ?? 0;
+  const maxNumSeqs = largestPositive(series(byName, "sglang:max_running_requests")) ?? 0;
+
+  if (!kv) unknown.push("kvUsage");
+  // Prompts without cached tokens is a server that has not served a cached token yet, or one that
+  // does not count them: either way the hit rate is not measured, and 0 queries says so.
+  if (!(prompts && cached)) unknown.push("prefixCache");
+  if (!running) unknown.push("running");
+  if (!waiting) unknown.push("waiting");
+  if (!preemptions) unknown.push("preemptions");
+  if (capacityTokens <= 0) unknown.push("kvCapacityTokens");
+  if (blockSize === 0) unknown.push("blockSize");
+  if (maxNumSeqs === 0) unknown.push("maxNumSeqs");
+
+  const signals: ScrapedSignals = {
+    flavor: "sglang",
+    profile: legacy ? "sglang-legacy" : "sglang",
+    unknown,
+    kvCapacitySource: capacityTokens > 0 ? "engine" : "unknown",
+    kvUsage: clamp01(mean(kv)),
+    prefixQueryTokens: prompts && cached ? sum(prompts) : 0,
+    prefixHitTokens: prompts && cached ? sum(cached) : 0,
+    running: sum(running),
+    waiting: sum(waiting),
+    // SGLang calls preemption "retraction"; the counter is cumulative like vLLM's.
+    preemptions: sum(preemptions),
+    kvCapacityTokens: Math.max(0, capacityTokens),
+    blockSize,
+    maxNumSeqs,
+    dataParallelSize: dataParallelSize(samplesOf(byName, "sglang:")),
+  };
+  const host = sglangHostTier(byName, unknown);
+  if (host) Object.assign(signals, host);
+  const stated = pick(byName, "sglang:cache_hit_rate");
+  if (stated) {
+    // The first collector set this gauge in percent (as its log line printed it); later ones in 0–1.
+    const value = mean(stated);
+    signals.statedHitRate = clamp01(legacy || value > 1 ? value / 100 : value);
+  }
+  return signals;
+}
+
 // --- NIM -----------------------------------------------------------------------------------------
 
 /**
@@ -322,6 +427,12 @@ const VLLM_CORE = [
   "vllm:num_requests_running",
   "vllm:num_requests_waiting",
   "vllm:cache_config_info",
+];
+const SGLANG_CORE = [
+  "sglang:token_usage",
+  ...SGLANG_RUNNING,
+  ...SGLANG_WAITING,
+  "sglang:max_total_num_tokens",
 ];
 /** NIM's unprefixed names: a bare `num_requests_running` alone is too common a name to claim a page. */
 const NIM_CORE = ["gpu_cache_usage_perc", "num_request_max"];
