@@ -75,3 +75,13 @@ export function unknownEngineSignals(): ScrapedSignals {
     dataParallelSize: 1,
   };
 }
+
+/** The host tier's signals, merged into a page's signals when the page shows one. */
+export type HostTierSignals = Pick<
+  EngineSignals,
+  | "hostKvCapacityTokens"
+  | "hostKvUsage"
+  | "hostPrefixQueryTokens"
+  | "hostPrefixHitTokens"
+  | "hostLoadTokensPerSecond"
+>;
