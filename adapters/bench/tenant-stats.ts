@@ -6,7 +6,7 @@
 import type { Clock } from "../../src/clock.js";
 import { jainIndex } from "../../src/tenants/fair-share.js";
 import type { SessionView } from "../../src/types.js";
-import type { CallRecord, FairnessMode, FairnessStats, TenantStats } from "./run.js";
+import type { CallRecord, FairnessMode, FairnessStats, TenantStats } from "./run-records.js";
 import { quantile, round } from "./stats.js";
 import type { PlannedCall, Workload } from "./workloads/types.js";
 
