@@ -245,6 +245,41 @@ describe("sim HTTP server (real time, loopback)", () => {
     assert.equal(badMax.status, 400);
   });
 
+  test("errors come in a fixed order: max tokens, then rank, then n, then kv_transfer_params", async () => {
+    type ErrorBody = { error: { message: string; param: string | null; code: number } };
+    const refused = async (path: string, body: unknown, headers: Record<string, string> = {}) => {
+      const res = await post(path, body, headers);
+      assert.equal(res.status, 400);
+      return ((await res.json()) as ErrorBody).error;
+    };
+    const chat = { model: MODEL, messages: [{ role: "user", content: "x" }] };
+    const badRank = { "x-data-parallel-rank": "-1" };
+    const maxFirst = await refused("/v1/chat/completions", { ...chat, max_tokens: 0, n: 2 }, badRank);
+    assert.equal(maxFirst.param, "max_tokens");
+    const rankFirst = await refused("/v1/chat/completions", { ...chat, n: 2 }, badRank);
+    assert.match(rankFirst.message, /x-data-parallel-rank must be a non-negative integer, got "-1"/);
+    assert.equal(rankFirst.param, null);
+    const fieldRank = await refused("/v1/completions", {
+      model: MODEL,
+      prompt: "x",
+      n: 3,
+      data_parallel_rank: "a",
+    });
+    assert.match(fieldRank.message, /x-data-parallel-rank/);
+    const nNext = await refused("/v1/chat/completions", { ...chat, n: 2, kv_transfer_params: [] });
+    assert.equal(nNext.param, "n");
+    const transfer = await refused("/v1/chat/completions", { ...chat, kv_transfer_params: "x" });
+    assert.equal(transfer.param, "kv_transfer_params");
+    const responses = { model: MODEL, input: "x" };
+    const outputFirst = await refused("/v1/responses", { ...responses, max_output_tokens: 0 }, badRank);
+    assert.equal(outputFirst.param, "max_output_tokens");
+    const responsesRank = await refused("/v1/responses", responses, badRank);
+    assert.match(responsesRank.message, /x-data-parallel-rank/);
+    const signals = server.engine.signals();
+    assert.equal(signals.running, 0, "a refused request never reaches the engine");
+    assert.equal(signals.waiting, 0);
+  });
+
   test("GET /metrics exposes every vLLM name, per engine rank with model_name", async () => {
     const res = await fetch(`${server.url}/metrics`);
     assert.equal(res.status, 200);
