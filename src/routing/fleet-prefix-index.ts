@@ -500,30 +500,9 @@ export class FleetPrefixIndex {
    */
   private parseKey(hash: string, intern: boolean): boolean {
     if (hash.length === 16) {
-      let hi = 0;
-      let lo = 0;
-      let ok = true;
-      for (let i = 0; i < 8; i++) {
-        const c = hash.charCodeAt(i);
-        const d = c < 128 ? HEX_VALUE[c]! : -1;
-        if (d < 0) {
-          ok = false;
-          break;
-        }
-        hi = (hi << 4) | d;
-      }
-      if (ok) {
-        for (let i = 8; i < 16; i++) {
-          const c = hash.charCodeAt(i);
-          const d = c < 128 ? HEX_VALUE[c]! : -1;
-          if (d < 0) {
-            ok = false;
-            break;
-          }
-          lo = (lo << 4) | d;
-        }
-      }
-      if (ok) {
+      const hi = hexWord(hash, 0);
+      const lo = Number.isNaN(hi) ? hi : hexWord(hash, 8);
+      if (!Number.isNaN(lo)) {
         this.keyHi = hi;
         this.keyLo = lo;
         this.keyKind = 0;
@@ -760,4 +739,19 @@ export class FleetPrefixIndex {
     for (let e = this.lru.overflow(replica); e !== NONE; e = this.lru.overflow(replica))
       this.evict(e, replica);
   }
+}
+
+/**
+ * Eight hex digits of `hash` from `from` as one 32-bit word (signed, as `<<` leaves it), or NaN
+ * when any of them is not a lowercase hex digit.
+ */
+function hexWord(hash: string, from: number): number {
+  let word = 0;
+  for (let i = from; i < from + 8; i++) {
+    const c = hash.charCodeAt(i);
+    const d = c < 128 ? HEX_VALUE[c]! : -1;
+    if (d < 0) return Number.NaN;
+    word = (word << 4) | d;
+  }
+  return word;
 }
