@@ -46,10 +46,11 @@ export function orderedLane<W extends BudgetWaiterView>(
   key: BudgetOrderKey | undefined,
 ): W[] {
   if (key === undefined || lane.length < 2) return lane.slice();
-  const keys = lane.map(key);
-  const first = keys[0] as number | readonly number[];
-  if (keys.every((k) => compareKeys(k, first) === 0)) return lane.slice();
-  const keyed = lane.map((w, i) => ({ w, k: keys[i] as number | readonly number[] }));
+  const first = key(lane[0] as W);
+  let even = true;
+  for (let i = 1; even && i < lane.length; i++) even = compareKeys(key(lane[i] as W), first) === 0;
+  if (even) return lane.slice();
+  const keyed = lane.map((w) => ({ w, k: key(w) }));
   keyed.sort((a, b) => compareKeys(a.k, b.k) || a.w.seq - b.w.seq);
   return keyed.map((entry) => entry.w);
 }
