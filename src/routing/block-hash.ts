@@ -76,16 +76,18 @@ function parseHash(hash: string): [number, number] {
 
 /**
  * Hashes `blocks` blocks of `tokens` starting at index `start`, chaining from the parent lanes,
- * into `out`. The parent of block i is block i−1's hash, so a chain resumes from any rendered hash.
+ * writing each block's two lanes to `lanes` from index `at` on. The parent of block i is block
+ * i−1's hash, so a chain resumes from any block's lanes.
  */
-function hashBlocks(
+function hashBlockLanes(
   tokens: ArrayLike<number>,
   start: number,
   blockSize: number,
   blocks: number,
   parentA: number,
   parentB: number,
-  out: string[],
+  lanes: Int32Array,
+  at: number,
 ): void {
   let a = parentA;
   let b = parentB;
@@ -113,8 +115,49 @@ function hashBlocks(
     b = fmix32(b);
     a = (a + b) | 0;
     b = (b + a) | 0;
-    out.push(render(a, b));
+    lanes[at + 2 * block] = a;
+    lanes[at + 2 * block + 1] = b;
   }
+}
+
+/** {@link hashBlockLanes} with each block rendered as its hash string, pushed to `out`. */
+function hashBlocks(
+  tokens: ArrayLike<number>,
+  start: number,
+  blockSize: number,
+  blocks: number,
+  parentA: number,
+  parentB: number,
+  out: string[],
+): void {
+  const lanes = new Int32Array(2 * blocks);
+  hashBlockLanes(tokens, start, blockSize, blocks, parentA, parentB, lanes, 0);
+  for (let block = 0; block < blocks; block++) out.push(render(lanes[2 * block]!, lanes[2 * block + 1]!));
+}
+
+/** A block's hash string from its two lanes (what {@link blockHashes} returns for that block). */
+export function renderBlockHash(a: number, b: number): string {
+  return render(a, b);
+}
+
+/**
+ * The chained hashes of `tokens`' full blocks as lanes, two 32-bit words per block (block i at
+ * `2i` and `2i + 1`), continuing the block whose lanes are `parent` (default: the seed's start).
+ * The same chain as {@link blockHashes}, without a string per block: for indexes that look most
+ * blocks up and find few.
+ */
+export function blockHashLanes(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  seed = "",
+  parent?: readonly [number, number],
+): Int32Array {
+  checkBlockSize(blockSize);
+  const blocks = Math.floor(tokens.length / blockSize);
+  const lanes = new Int32Array(2 * blocks);
+  const [a, b] = parent ?? seedState(seed);
+  hashBlockLanes(tokens, 0, blockSize, blocks, a, b, lanes, 0);
+  return lanes;
 }
 
 /**

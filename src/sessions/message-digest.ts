@@ -5,20 +5,31 @@
  * unit before it, so two equal chain entries mean two equal prompt prefixes.
  */
 
-import { blockHashes, extendBlockHashes } from "../routing/block-hash.js";
+import { blockHashLanes, renderBlockHash } from "../routing/block-hash.js";
 import type { CallInput, ChatMessage } from "../types.js";
 
 /** Tokens per unit of a token prompt: the router's block size (a partial last block is checked token by token). */
 export const INFERENCE_TOKEN_BLOCK = 64;
 
 /**
- * A prompt cut into chained units. `chain[i]` covers units 0…i. A token prompt also keeps its
- * tokens (a matched point's partial last block is checked against them) and the tokens after its
- * last full block.
+ * A prompt cut into chained units. `lanes` holds each unit's chain entry as two 32-bit words
+ * (unit i at `2i`, `2i + 1`), covering units 0…i; {@link unitKey} renders one as a key. Entries
+ * stay numbers because a match looks most of them up and finds few. A token prompt also keeps
+ * its tokens (a matched point's partial last block is checked against them).
  */
 export type PromptDigest =
-  | { kind: "messages"; chain: readonly string[]; digests: readonly number[]; seed: string }
-  | { kind: "tokens"; chain: readonly string[]; tokens: readonly number[]; seed: string };
+  | { kind: "messages"; units: number; lanes: Int32Array; seed: string }
+  | { kind: "tokens"; units: number; lanes: Int32Array; tokens: readonly number[]; seed: string };
+
+/** The chain entry covering a prompt's first `units` units (1 ≤ units ≤ `prompt.units`) as a key. */
+export function unitKey(prompt: PromptDigest, units: number): string {
+  return renderBlockHash(prompt.lanes[2 * units - 2]!, prompt.lanes[2 * units - 1]!);
+}
+
+/** The lanes of the chain entry covering a prompt's first `units` units, or undefined for none. */
+function entryLanes(prompt: PromptDigest, units: number): readonly [number, number] | undefined {
+  return units === 0 ? undefined : [prompt.lanes[2 * units - 2]!, prompt.lanes[2 * units - 1]!];
+}
 
 /** What sluice returned for a call, in the form the client will send it back. */
 export interface ReturnedOutput {
@@ -37,6 +48,8 @@ export interface ReturnedOutput {
  */
 export interface ChainEnd {
   key: string;
+  /** The key's first 32-bit word, as `lanes` holds it (what an index may file the key under). */
+  lane: number;
   /** Units the key covers. */
   units: number;
   tail: readonly number[];
@@ -46,12 +59,23 @@ const SEP = "\u0000";
 const CALL_SEP = "\u0002";
 const ARG_SEP = "\u0001";
 
-/** Two 32-bit lanes over a string's UTF-16 code units (FNV-1a and a murmur-style mix), finalised. */
+/**
+ * Two 32-bit lanes over a string's UTF-16 code units (FNV-1a and a murmur-style mix), finalised.
+ * Units are taken two to a 32-bit word: a prompt is hashed whole on every call, and this halves
+ * the multiplications per character, the whole of the digest's cost on long prompts.
+ */
 function stringLanes(text: string, out: number[]): void {
   let a = 0x811c9dc5;
   let b = 0x2545f491 ^ text.length;
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i);
+  const pairs = text.length & ~1;
+  for (let i = 0; i < pairs; i += 2) {
+    const c = text.charCodeAt(i) | (text.charCodeAt(i + 1) << 16);
+    a = Math.imul(a ^ c, 0x01000193);
+    b = Math.imul(b ^ c, 0x5bd1e995);
+    b ^= b >>> 15;
+  }
+  if (pairs < text.length) {
+    const c = text.charCodeAt(pairs);
     a = Math.imul(a ^ c, 0x01000193);
     b = Math.imul(b ^ c, 0x5bd1e995);
     b ^= b >>> 15;
@@ -146,16 +170,13 @@ export function digestPrompt(input: CallInput, seed = ""): PromptDigest | undefi
     for (const message of input.messages) stringLanes(messageKey(message), digests);
     // Each message's two lanes make one block of the chained block hash.
     const messageSeed = `m${SEP}${seed}`;
-    return { kind: "messages", chain: blockHashes(digests, 2, messageSeed), digests, seed: messageSeed };
+    const lanes = blockHashLanes(digests, 2, messageSeed);
+    return { kind: "messages", units: lanes.length / 2, lanes, seed: messageSeed };
   }
   if (input.kind === "tokens") {
     const tokenSeed = `t${SEP}${seed}`;
-    return {
-      kind: "tokens",
-      chain: blockHashes(input.tokens, INFERENCE_TOKEN_BLOCK, tokenSeed),
-      tokens: input.tokens,
-      seed: tokenSeed,
-    };
+    const lanes = blockHashLanes(input.tokens, INFERENCE_TOKEN_BLOCK, tokenSeed);
+    return { kind: "tokens", units: lanes.length / 2, lanes, tokens: input.tokens, seed: tokenSeed };
   }
   return undefined;
 }
@@ -165,30 +186,29 @@ export function digestPrompt(input: CallInput, seed = ""): PromptDigest | undefi
  * output continues nothing: the next prompt could not be told from a retry of this one).
  */
 export function chainEnd(prompt: PromptDigest, output: ReturnedOutput): ChainEnd | undefined {
+  const last = entryLanes(prompt, prompt.units);
   if (prompt.kind === "messages") {
     if ((output.text ?? "").trim() === "" && (output.toolCalls ?? "") === "") return undefined;
-    const digests = prompt.digests.slice();
-    stringLanes(outputKey(output), digests);
-    const parent = prompt.chain.at(-1);
-    const last = extendBlockHashes(
-      parent === undefined ? [] : [parent],
-      digests.slice(-2),
-      2,
-      prompt.seed,
-    ).at(-1)!;
-    return { key: last, units: prompt.chain.length + 1, tail: [] };
+    const outputLanes: number[] = [];
+    stringLanes(outputKey(output), outputLanes);
+    const end = blockHashLanes(outputLanes, 2, prompt.seed, last);
+    return { key: renderBlockHash(end[0]!, end[1]!), lane: end[0]!, units: prompt.units + 1, tail: [] };
   }
   const generated = output.tokens ?? [];
   if (generated.length === 0) return undefined;
-  const full = prompt.chain.length * INFERENCE_TOKEN_BLOCK;
+  const full = prompt.units * INFERENCE_TOKEN_BLOCK;
   const rest = prompt.tokens.slice(full).concat(generated as number[]);
-  // Only the last entry is the parent of the next block: the rest of the chain is not copied.
-  const last = prompt.chain.at(-1);
-  const chain = extendBlockHashes(last === undefined ? [] : [last], rest, INFERENCE_TOKEN_BLOCK, prompt.seed);
-  if (chain.length === 0) return undefined;
-  const added = chain.length - (last === undefined ? 0 : 1);
-  const tail = rest.slice(added * INFERENCE_TOKEN_BLOCK);
-  return { key: chain.at(-1)!, units: prompt.chain.length + added, tail };
+  // Only the last entry is the parent of the next block: the rest of the chain is not hashed again.
+  const added = blockHashLanes(rest, INFERENCE_TOKEN_BLOCK, prompt.seed, last);
+  const blocks = added.length / 2;
+  if (blocks === 0 && last === undefined) return undefined;
+  const [a, b] = blocks === 0 ? last! : [added[2 * blocks - 2]!, added[2 * blocks - 1]!];
+  return {
+    key: renderBlockHash(a, b),
+    lane: a,
+    units: prompt.units + blocks,
+    tail: rest.slice(blocks * INFERENCE_TOKEN_BLOCK),
+  };
 }
 
 /** Whether a prompt continues a chain end found at its `units`-th chain entry: its tokens there begin with the end's tail. */

@@ -11,6 +11,7 @@ import {
   continuesTail,
   type PromptDigest,
   type ReturnedOutput,
+  unitKey,
 } from "./message-digest.js";
 
 export type { InferenceOutcome };
@@ -19,8 +20,18 @@ export type { InferenceOutcome };
 export const INFERENCE_MODES = ["on", "shadow", "off"] as const;
 export type InferenceMode = (typeof INFERENCE_MODES)[number];
 
-/** Default number of chain points remembered: ~250 bytes each (token prompts: plus a block's tail), ~25 MB. */
+/**
+ * Default number of chain points remembered: ~400 bytes each (token prompts: plus a block's tail),
+ * ~40 MB, and the presence filter's 16 bytes per point.
+ */
 export const DEFAULT_INFERENCE_CAPACITY = 100_000;
+
+/**
+ * Presence-filter slots per remembered point (rounded up to a power of two). A prompt's entries are
+ * mostly absent; the filter answers those from one array read, so only the few whose slot holds a
+ * key are rendered and looked up: at 4 slots per point at most a quarter of misses get that far.
+ */
+const FILTER_SLOTS_PER_POINT = 4;
 
 /** One inferred session (or, before its second call, the chain of one call). */
 interface Chain {
@@ -37,6 +48,12 @@ interface Point {
   tail: readonly number[];
   /** The claim of the call that continued this point first (a second one forks); never the call itself, which holds its prompt. */
   continuedBy: object | undefined;
+}
+
+/** The points filed under one chain entry, and the presence-filter slot the entry counts in. */
+interface Entry {
+  slot: number;
+  points: Point[];
 }
 
 /** A decided call, until its output is known. */
@@ -77,7 +94,10 @@ export interface SessionInferenceOptions {
 export class SessionInference {
   readonly mode: InferenceMode;
   readonly capacity: number;
-  private readonly points = new Map<string, Point[]>();
+  private readonly points = new Map<string, Entry>();
+  /** Per slot, the chain entries held whose first word falls there. */
+  private readonly present: Uint32Array;
+  private readonly slotMask: number;
   private pointCount = 0;
   private sessions = 0;
   private readonly newId: (n: number) => string;
@@ -91,6 +111,10 @@ export class SessionInference {
       throw new RangeError(`SessionInference: capacity must be a positive integer, got ${this.capacity}`);
     }
     this.newId = options.newId ?? ((n) => `~inferred-${n}`);
+    let slots = 64;
+    while (slots < this.capacity * FILTER_SLOTS_PER_POINT) slots *= 2;
+    this.present = new Uint32Array(slots);
+    this.slotMask = slots - 1;
   }
 
   /** Chain points held (≤ capacity). */
@@ -171,44 +195,48 @@ export class SessionInference {
 
   /** The point a prompt continues at its longest chain entry holding one; `ambiguous` when two chains reached it. */
   private match(prompt: PromptDigest): Point | "ambiguous" | undefined {
-    for (let units = prompt.chain.length; units >= 1; units--) {
-      const key = prompt.chain[units - 1]!;
-      const list = this.points.get(key);
-      if (list === undefined) continue;
+    for (let units = prompt.units; units >= 1; units--) {
+      if (this.present[prompt.lanes[2 * units - 2]! & this.slotMask] === 0) continue;
+      const key = unitKey(prompt, units);
+      const entry = this.points.get(key);
+      if (entry === undefined) continue;
       let found: Point | undefined;
       let ambiguous = false;
-      for (const point of list) {
+      for (const point of entry.points) {
         if (!continuesTail(prompt, units, point.tail)) continue;
         if (found === undefined) found = point;
         else if (found.chain !== point.chain) ambiguous = true;
       }
       if (found === undefined) continue;
-      this.touch(key, list);
+      this.touch(key, entry);
       return ambiguous ? "ambiguous" : found;
     }
     return undefined;
   }
 
   private add(end: ChainEnd, chain: Chain): void {
-    let list = this.points.get(end.key);
-    if (list === undefined) list = [];
-    else if (list.some((p) => p.chain === chain && sameTail(p.tail, end.tail))) {
-      this.touch(end.key, list);
+    let entry = this.points.get(end.key);
+    if (entry === undefined) {
+      entry = { slot: end.lane & this.slotMask, points: [] };
+      this.present[entry.slot]!++;
+    } else if (entry.points.some((p) => p.chain === chain && sameTail(p.tail, end.tail))) {
+      this.touch(end.key, entry);
       return;
     }
-    list.push({ chain, tail: end.tail, continuedBy: undefined });
+    entry.points.push({ chain, tail: end.tail, continuedBy: undefined });
     this.pointCount++;
-    this.touch(end.key, list);
+    this.touch(end.key, entry);
     while (this.pointCount > this.capacity) {
-      const [oldest, points] = this.points.entries().next().value as [string, Point[]];
+      const [oldest, evicted] = this.points.entries().next().value as [string, Entry];
       this.points.delete(oldest);
-      this.pointCount -= points.length;
+      this.present[evicted.slot]!--;
+      this.pointCount -= evicted.points.length;
     }
   }
 
-  private touch(key: string, list: Point[]): void {
+  private touch(key: string, entry: Entry): void {
     this.points.delete(key);
-    this.points.set(key, list);
+    this.points.set(key, entry);
   }
 }
 

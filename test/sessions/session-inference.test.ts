@@ -1,6 +1,12 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { contentText, digestPrompt, messageKey, toolCallsText } from "../../src/sessions/message-digest.js";
+import {
+  contentText,
+  digestPrompt,
+  messageKey,
+  toolCallsText,
+  unitKey,
+} from "../../src/sessions/message-digest.js";
 import { SessionInference } from "../../src/sessions/session-inference.js";
 import type { ChatMessage } from "../../src/types.js";
 
@@ -47,7 +53,11 @@ describe("message digests", () => {
   });
 
   it("keep tenants' chains apart", () => {
-    assert.notDeepEqual(chat([SYSTEM, TASK], "a")!.chain, chat([SYSTEM, TASK], "b")!.chain);
+    const a = chat([SYSTEM, TASK], "a")!;
+    const b = chat([SYSTEM, TASK], "b")!;
+    assert.equal(a.units, 2);
+    assert.notEqual(unitKey(a, 1), unitKey(b, 1));
+    assert.notEqual(unitKey(a, 2), unitKey(b, 2));
   });
 });
 
@@ -177,5 +187,22 @@ describe("session inference", () => {
       () => new SessionInference({ mode: "on", capacity: 0 }),
       /capacity must be a positive integer, got 0/,
     );
+  });
+
+  it("finds every remembered point and none it forgot, through a filter whose slots collide", () => {
+    // Capacity 40 gives the presence filter 256 slots, so hundreds of chains share slots, and
+    // eviction must leave a slot counting the entries still held there.
+    const inference = new SessionInference({ mode: "on", capacity: 40 });
+    const history = (i: number): ChatMessage[] => [SYSTEM, { role: "user", content: `chain ${i}` }];
+    const answer = (i: number) => `answer ${i}`;
+    for (let i = 0; i < 400; i++) step(inference, history(i), answer(i));
+    assert.equal(inference.size, 40);
+    for (let i = 0; i < 400; i++) {
+      const next = [...history(i), { role: "assistant" as const, content: answer(i) }];
+      const decision = inference.decide(chat(next));
+      // The last 40 chains are remembered (each lookup moves one to the front, not evicting any).
+      assert.equal(decision.outcome, i >= 360 ? "continued" : "new", `chain ${i}`);
+      if (decision.pending) inference.settle(decision.pending, undefined);
+    }
   });
 });
