@@ -351,7 +351,7 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
     ...(jobsBackend ? { backend: jobsBackend } : options.dataDir ? { dataDir: options.dataDir } : {}),
   });
   const app = createApp({
-    jobs,
+    plugins: [jobs],
     scheduler,
     metrics,
     tracker,

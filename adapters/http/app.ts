@@ -3,7 +3,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Readable } from "node:stream";
-import type { Context, MiddlewareHandler } from "hono";
+import type { Context } from "hono";
 import { Hono } from "hono";
 import { cors } from "hono/cors";
 import { Registry } from "prom-client";
@@ -16,7 +16,6 @@ import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
 import type { AdmittedCall, CallInput, CallRequest, OpenSessionInit } from "../../src/types.js";
 import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
-import type { JobsEnv, JobsMount } from "../jobs/index.js";
 import { type Logger, silentLogger } from "../log/logger.js";
 import { AccessLog, operatorEventLog } from "../log/operations-log.js";
 import { type CompletedCall, createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
@@ -36,9 +35,10 @@ import {
   responsesBodySchema,
 } from "../openai-api/schemas.js";
 import { readSessionKey, SESSION_REQUEST_HEADERS, type SessionKeySource } from "../openai-api/session-key.js";
-import { type ApiKeyIdentity, type ApiKeys, type RateStanding, secretsEqual } from "./api-keys.js";
+import { type ApiKeys, secretsEqual } from "./api-keys.js";
 import { CallTracker } from "./call-tracker.js";
 import { lingerThenClose } from "./linger.js";
+import type { AppPlugin, AppEnv as Env, RequestFacts } from "./plugin.js";
 import { DEFAULT_BODY_LIMIT_BYTES, readJsonBody } from "./read-body.js";
 import { adviseRefusal, rateLimitHeaders } from "./refusal-advice.js";
 import type { HttpScheduler } from "./scheduler-port.js";
@@ -68,8 +68,11 @@ export interface AppOptions {
   dashboardPollMs?: number;
   /** A streaming client that reads nothing for this long loses its call, ms; 0 never. Default 60000. */
   streamStallTimeoutMs?: number;
-  /** Batches, files, `Prefer: respond-async` and Idempotency-Key (`adapters/jobs`); off when omitted. */
-  jobs?: JobsMount;
+  /**
+   * Route sets mounted before the app's own, in order: e.g. batches, files, `Prefer: respond-async`
+   * and Idempotency-Key (`adapters/jobs`).
+   */
+  plugins?: readonly AppPlugin[];
   /** The operator's log (access and refusal lines, operator events). Default: silent. */
   logger?: Logger;
   /** Time source of queue times, durations and log sampling. Default real time. */
@@ -88,29 +91,6 @@ const TENANT_NAME = /^[A-Za-z0-9._:@/-]{1,128}$/;
 
 /** Default of `streamStallTimeoutMs`. */
 export const DEFAULT_STREAM_STALL_TIMEOUT_MS = 60_000;
-
-/** Where the session a call was counted in came from (`x-sluice-session-source`). */
-type SessionSource = "header" | "body" | "inferred";
-
-/** What the HTTP layer learns about one request as it goes, for its refusal headers and its log line. */
-interface RequestFacts {
-  startedAt: number;
-  /** When the call was handed to the scheduler (queue time on a refusal counts from here). */
-  submittedAt?: number;
-  /** The replica the router chose (from the scheduler's `route` event, within this request's async context). */
-  replica?: string;
-  lane?: string;
-  session?: string;
-  /** The caller's tenant (its API key's; `default` without one): the session above is that tenant's. */
-  tenant?: string;
-  /** Where `session` came from (the `x-sluice-session-source` header); undefined with no session. */
-  sessionSource?: SessionSource;
-  rate?: RateStanding;
-}
-
-type Env = {
-  Variables: { requestId: string; identity: ApiKeyIdentity | undefined; facts: RequestFacts };
-};
 
 function validateOptions(options: AppOptions): void {
   const limit = options.bodyLimitBytes;
@@ -495,13 +475,8 @@ export function createApp(options: AppOptions): SluiceApp {
     await next();
   };
 
-  // The job routes read only `requestId` and `identity`, which every request here carries.
-  options.jobs?.mount(app as unknown as Hono<JobsEnv>, {
-    requireKey: requireKey as unknown as MiddlewareHandler<JobsEnv>,
-    rateLimit: rateLimit as unknown as MiddlewareHandler<JobsEnv>,
-    bodyLimitBytes: bodyLimit,
-    keys,
-  });
+  for (const plugin of options.plugins ?? [])
+    plugin.mount(app, { requireKey, rateLimit, bodyLimitBytes: bodyLimit, keys });
 
   // --- liveness, readiness, metrics, admin ---------------------------------------------------
 

@@ -2,13 +2,13 @@
 
 import type { Hono } from "hono";
 import type { Registry } from "prom-client";
-import type { ApiKeys } from "../http/api-keys.js";
+import type { AppEnv, AppPlugin, AppPluginContext } from "../http/plugin.js";
 import type { HttpScheduler } from "../http/scheduler-port.js";
 import { IdempotencyKeys, type IdempotencyLedger, idempotencyMiddleware } from "./idempotency.js";
 import type { JobStore, WorkQueue } from "./job-store.js";
 import { LocalWorkQueue } from "./local-work-queue.js";
 import { NO_JOB_EVENTS, registerJobMetrics } from "./metrics.js";
-import { type JobsEnv, type JobsRouteContext, mountJobRoutes } from "./routes.js";
+import { mountJobRoutes } from "./routes.js";
 import { JobRunner } from "./runner.js";
 import { LmdbJobStore } from "./store.js";
 
@@ -22,7 +22,6 @@ export {
 } from "./idempotency.js";
 export type { JobStore, RecordChange, TakenWork, WorkItem, WorkQueue } from "./job-store.js";
 export { LocalWorkQueue } from "./local-work-queue.js";
-export type { JobsEnv, JobsRouteContext } from "./routes.js";
 export { JobRunner } from "./runner.js";
 export { DEFAULT_DATA_DIR, LmdbJobStore, newId } from "./store.js";
 export type * from "./types.js";
@@ -67,13 +66,8 @@ export interface JobsOptions {
   registry?: Registry;
 }
 
-/** What `createApp` needs to mount jobs: one call, before its own routes. */
-export interface JobsMount {
-  mount(app: Hono<JobsEnv>, ctx: JobsRouteContext & { keys?: ApiKeys | undefined }): void;
-}
-
-/** The job store, its runner and its routes, opened and closed together. */
-export class Jobs implements JobsMount {
+/** The job store, its runner and its routes, opened and closed together; an app plugin (`createApp({ plugins: [jobs] })`). */
+export class Jobs implements AppPlugin {
   readonly store: JobStore;
   readonly runner: JobRunner;
   readonly idempotency: IdempotencyLedger;
@@ -135,7 +129,7 @@ export class Jobs implements JobsMount {
     };
   }
 
-  mount(app: Hono<JobsEnv>, ctx: JobsRouteContext & { keys?: ApiKeys | undefined }): void {
+  mount(app: Hono<AppEnv>, ctx: AppPluginContext): void {
     const fileLimitBytes = this.options.fileLimitBytes ?? DEFAULT_FILE_LIMIT_BYTES;
     app.use(
       "*",

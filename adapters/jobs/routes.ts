@@ -2,7 +2,7 @@
 
 import type { Context, Hono, MiddlewareHandler } from "hono";
 import { Refusal } from "../../src/errors.js";
-import type { ApiKeyIdentity } from "../http/api-keys.js";
+import type { AppEnv, AppPluginContext } from "../http/plugin.js";
 import { readJsonBody } from "../http/read-body.js";
 import type { HttpScheduler } from "../http/scheduler-port.js";
 import { declaredLaneOf, positiveMsOf } from "../openai-api/call-headers.js";
@@ -20,16 +20,6 @@ import {
   type JobEndpoint,
   type StoredCall,
 } from "./types.js";
-
-/** The app's context variables (set by its request-id and API-key middleware). */
-export type JobsEnv = { Variables: { requestId: string; identity: ApiKeyIdentity | undefined } };
-
-/** What the app lends the job routes: its own auth and rate limit, and its body limit. */
-export interface JobsRouteContext {
-  requireKey: MiddlewareHandler<JobsEnv>;
-  rateLimit: MiddlewareHandler<JobsEnv>;
-  bodyLimitBytes: number;
-}
 
 export interface JobsRouteOptions {
   store: JobStore;
@@ -49,7 +39,7 @@ const seconds = (ms: number) => Math.floor(ms / 1000);
 
 const bounded = (id: string) => JSON.stringify(id.length > 128 ? `${id.slice(0, 128)}…` : id);
 
-function tenantOf(c: Context<JobsEnv>): { tenant: string; priority: number } {
+function tenantOf(c: Context<AppEnv>): { tenant: string; priority: number } {
   const identity = c.get("identity");
   return { tenant: identity?.tenant ?? "", priority: identity?.priority ?? 0 };
 }
@@ -89,23 +79,23 @@ function limitOf(raw: string | undefined, fallback: number, max: number): number
 }
 
 /** Mounts the routes on the app. Call before the app's own completion routes: `respond-async` is taken here first. */
-export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, options: JobsRouteOptions): void {
+export function mountJobRoutes(app: Hono<AppEnv>, ctx: AppPluginContext, options: JobsRouteOptions): void {
   const { store, runner, scheduler } = options;
   const { requireKey, rateLimit } = ctx;
 
-  const fileOf = async (c: Context<JobsEnv>, id: string): Promise<FileObject> => {
+  const fileOf = async (c: Context<AppEnv>, id: string): Promise<FileObject> => {
     const record = await store.getFile(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("file_not_found", `no file ${bounded(id)}`);
     return record.file;
   };
-  const batchOf = async (c: Context<JobsEnv>, id: string): Promise<BatchRecord> => {
+  const batchOf = async (c: Context<AppEnv>, id: string): Promise<BatchRecord> => {
     const record = await store.getBatch(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("batch_not_found", `no batch ${bounded(id)}`);
     return record;
   };
-  const jobOf = async (c: Context<JobsEnv>, id: string): Promise<AsyncJobRecord> => {
+  const jobOf = async (c: Context<AppEnv>, id: string): Promise<AsyncJobRecord> => {
     const record = await store.getJob(id);
     if (!record || record.tenant !== tenantOf(c).tenant)
       throw new Refusal("job_not_found", `no job ${bounded(id)}`);
@@ -280,7 +270,7 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
     completed_at: job.completed_at,
   });
 
-  const respondAsync = (endpoint: JobEndpoint): MiddlewareHandler<JobsEnv> =>
+  const respondAsync = (endpoint: JobEndpoint): MiddlewareHandler<AppEnv> =>
     async function respondAsync(c, next) {
       if (c.req.method !== "POST" || !prefersAsync(c.req.header("prefer"))) return next();
       let response: Response | undefined;
@@ -292,7 +282,7 @@ export function mountJobRoutes(app: Hono<JobsEnv>, ctx: JobsRouteContext, option
       return response;
     };
 
-  const createAsyncJob = async (c: Context<JobsEnv>, endpoint: JobEndpoint, next: () => Promise<void>) => {
+  const createAsyncJob = async (c: Context<AppEnv>, endpoint: JobEndpoint, next: () => Promise<void>) => {
     const declaredLane = declaredLaneOf("x-sluice-lane", c.req.header("x-sluice-lane"));
     const deadlineMs = positiveMsOf("x-sluice-deadline-ms", c.req.header("x-sluice-deadline-ms"));
     const text = new TextDecoder().decode(await readBodyBytes(c.req.raw, ctx.bodyLimitBytes));

@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { afterEach, describe, test } from "node:test";
 import { Registry } from "prom-client";
 import { StateHistory } from "../../adapters/dashboard/history.js";
+import { ApiKeys } from "../../adapters/http/api-keys.js";
 import { createApp } from "../../adapters/http/app.js";
 import { VirtualClock } from "../../src/clock.js";
 import {
@@ -670,5 +671,42 @@ describe("the app's own timers", () => {
     assert.equal(clock.pending(), 1, "the caller's history is the caller's to stop");
     history.stop();
     assert.equal(clock.pending(), 0);
+  });
+});
+
+describe("plugins", () => {
+  test("a plugin's routes run behind the app's key check and see the caller's identity", async () => {
+    const scheduler = new StubScheduler();
+    const keys = new ApiKeys({ "key-team-a-0001": { tenant: "team-a" } });
+    const seen: (string | undefined)[] = [];
+    const app = createApp({
+      scheduler,
+      clock: new VirtualClock(),
+      registry: new Registry(),
+      keys,
+      plugins: [
+        {
+          mount(plugin, ctx) {
+            plugin.get("/v1/whoami", ctx.requireKey, (c) => {
+              seen.push(c.get("requestId"));
+              return c.json({ tenant: c.get("identity")?.tenant });
+            });
+          },
+        },
+      ],
+    });
+    try {
+      const refused = await app.request("/v1/whoami");
+      assert.equal(refused.status, 401);
+      assert.equal((await refused.json()).error.code, "unauthorized");
+      const ok = await app.request("/v1/whoami", {
+        headers: { authorization: "Bearer key-team-a-0001", "x-request-id": "req-plugin-1" },
+      });
+      assert.equal(ok.status, 200);
+      assert.deepEqual(await ok.json(), { tenant: "team-a" });
+      assert.deepEqual(seen, ["req-plugin-1"]);
+    } finally {
+      app.close();
+    }
   });
 });

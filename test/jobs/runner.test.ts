@@ -146,7 +146,7 @@ describe("running lines", () => {
     let skewMs = 0;
     const jobs = await Jobs.open({ scheduler: s.scheduler, concurrency: 1, now: () => Date.now() + skewMs });
     closers.push(() => jobs.close());
-    const app = createApp({ scheduler: s.scheduler, jobs });
+    const app = createApp({ scheduler: s.scheduler, plugins: [jobs] });
     await jobs.start();
     const call = async (path: string, init?: RequestInit) => app.request(path, init);
     const ids = Array.from({ length: 6 }, (_, i) => `e${i}`);
@@ -186,7 +186,7 @@ describe("retention", () => {
       batchRetentionMs: 3600_000,
     });
     closers.push(() => jobs.close());
-    const app = createApp({ scheduler: s.scheduler, jobs });
+    const app = createApp({ scheduler: s.scheduler, plugins: [jobs] });
     await jobs.start();
     const call = async (path: string, init?: RequestInit) => app.request(path, init);
     const batch = await createBatch(call, [lineOf("r0", 4), lineOf("r1", 4)]);

@@ -67,7 +67,7 @@ async function startFrontend(name: string, concurrency = 4): Promise<Frontend> {
   const { scheduler } = makeScheduler({ engines: [fastSim(`${name}-sim`)] });
   const backend = await openJetStreamJobs({ nc, ackWaitMs: ACK_WAIT_MS, takeWaitMs: 1000 });
   const jobs = await Jobs.open({ scheduler, backend, concurrency });
-  const app = createApp({ scheduler, jobs });
+  const app = createApp({ scheduler, plugins: [jobs] });
   await jobs.start();
   const frontend: Frontend = {
     name,
