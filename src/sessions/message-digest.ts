@@ -48,8 +48,8 @@ export interface ReturnedOutput {
  */
 export interface ChainEnd {
   key: string;
-  /** The key's first 32-bit word, as `lanes` holds it (what an index may file the key under). */
-  lane: number;
+  /** The key's two 32-bit words, as a digest's `lanes` hold them (what an index may file the key under). */
+  lanes: readonly [number, number];
   /** Units the key covers. */
   units: number;
   tail: readonly number[];
@@ -192,7 +192,12 @@ export function chainEnd(prompt: PromptDigest, output: ReturnedOutput): ChainEnd
     const outputLanes: number[] = [];
     stringLanes(outputKey(output), outputLanes);
     const end = blockHashLanes(outputLanes, 2, prompt.seed, last);
-    return { key: renderBlockHash(end[0]!, end[1]!), lane: end[0]!, units: prompt.units + 1, tail: [] };
+    return {
+      key: renderBlockHash(end[0]!, end[1]!),
+      lanes: [end[0]!, end[1]!],
+      units: prompt.units + 1,
+      tail: [],
+    };
   }
   const generated = output.tokens ?? [];
   if (generated.length === 0) return undefined;
@@ -205,7 +210,7 @@ export function chainEnd(prompt: PromptDigest, output: ReturnedOutput): ChainEnd
   const [a, b] = blocks === 0 ? last! : [added[2 * blocks - 2]!, added[2 * blocks - 1]!];
   return {
     key: renderBlockHash(a, b),
-    lane: a,
+    lanes: [a, b],
     units: prompt.units + blocks,
     tail: rest.slice(blocks * INFERENCE_TOKEN_BLOCK),
   };

@@ -28,10 +28,14 @@ export const DEFAULT_INFERENCE_CAPACITY = 100_000;
 
 /**
  * Presence-filter slots per remembered point (rounded up to a power of two). A prompt's entries are
- * mostly absent; the filter answers those from one array read, so only the few whose slot holds a
- * key are rendered and looked up: at 4 slots per point at most a quarter of misses get that far.
+ * mostly absent; the filter answers those from two array reads (one slot per 32-bit word of the
+ * entry, each counting the entries held there), so only the few that pass both are rendered and
+ * looked up: at 8 slots per point, about 1 in 25 absent entries. 2 bytes a slot, 16 per point.
  */
-const FILTER_SLOTS_PER_POINT = 4;
+const FILTER_SLOTS_PER_POINT = 8;
+
+/** A filter slot's count stops here: a saturated slot always answers "maybe", never a false "no". */
+const SLOT_SATURATED = 0xffff;
 
 /** One inferred session (or, before its second call, the chain of one call). */
 interface Chain {
@@ -50,9 +54,10 @@ interface Point {
   continuedBy: object | undefined;
 }
 
-/** The points filed under one chain entry, and the presence-filter slot the entry counts in. */
+/** The points filed under one chain entry, and the presence-filter slots the entry counts in. */
 interface Entry {
-  slot: number;
+  slotA: number;
+  slotB: number;
   points: Point[];
 }
 
@@ -95,8 +100,8 @@ export class SessionInference {
   readonly mode: InferenceMode;
   readonly capacity: number;
   private readonly points = new Map<string, Entry>();
-  /** Per slot, the chain entries held whose first word falls there. */
-  private readonly present: Uint32Array;
+  /** Per slot, the chain entries held with a word that falls there (saturating). */
+  private readonly present: Uint16Array;
   private readonly slotMask: number;
   private pointCount = 0;
   private sessions = 0;
@@ -113,7 +118,7 @@ export class SessionInference {
     this.newId = options.newId ?? ((n) => `~inferred-${n}`);
     let slots = 64;
     while (slots < this.capacity * FILTER_SLOTS_PER_POINT) slots *= 2;
-    this.present = new Uint32Array(slots);
+    this.present = new Uint16Array(slots);
     this.slotMask = slots - 1;
   }
 
@@ -197,6 +202,7 @@ export class SessionInference {
   private match(prompt: PromptDigest): Point | "ambiguous" | undefined {
     for (let units = prompt.units; units >= 1; units--) {
       if (this.present[prompt.lanes[2 * units - 2]! & this.slotMask] === 0) continue;
+      if (this.present[prompt.lanes[2 * units - 1]! & this.slotMask] === 0) continue;
       const key = unitKey(prompt, units);
       const entry = this.points.get(key);
       if (entry === undefined) continue;
@@ -217,8 +223,8 @@ export class SessionInference {
   private add(end: ChainEnd, chain: Chain): void {
     let entry = this.points.get(end.key);
     if (entry === undefined) {
-      entry = { slot: end.lane & this.slotMask, points: [] };
-      this.present[entry.slot]!++;
+      entry = { slotA: end.lanes[0] & this.slotMask, slotB: end.lanes[1] & this.slotMask, points: [] };
+      this.count(entry, 1);
     } else if (entry.points.some((p) => p.chain === chain && sameTail(p.tail, end.tail))) {
       this.touch(end.key, entry);
       return;
@@ -229,8 +235,16 @@ export class SessionInference {
     while (this.pointCount > this.capacity) {
       const [oldest, evicted] = this.points.entries().next().value as [string, Entry];
       this.points.delete(oldest);
-      this.present[evicted.slot]!--;
+      this.count(evicted, -1);
       this.pointCount -= evicted.points.length;
+    }
+  }
+
+  /** Counts an entry in (1) or out (−1) of its two filter slots; a saturated slot stays saturated. */
+  private count(entry: Entry, by: 1 | -1): void {
+    for (const slot of [entry.slotA, entry.slotB]) {
+      const held = this.present[slot]!;
+      if (held !== SLOT_SATURATED) this.present[slot] = held + by;
     }
   }
 

@@ -190,7 +190,7 @@ describe("session inference", () => {
   });
 
   it("finds every remembered point and none it forgot, through a filter whose slots collide", () => {
-    // Capacity 40 gives the presence filter 256 slots, so hundreds of chains share slots, and
+    // Capacity 40 gives the presence filter 512 slots, so hundreds of chains share slots, and
     // eviction must leave a slot counting the entries still held there.
     const inference = new SessionInference({ mode: "on", capacity: 40 });
     const history = (i: number): ChatMessage[] => [SYSTEM, { role: "user", content: `chain ${i}` }];
