@@ -1340,17 +1340,20 @@ export class Scheduler {
       oldestAgeMs: snapshot?.lanes?.[lane]?.oldestAgeMs ?? 0,
     });
     const role = replica.engine.role;
+    // A signal the engine does not publish is unknown, not 0 (docs/engines.md).
+    const measured = (field: string, value: number): number | null =>
+      signals.unknown?.includes(field) ? null : value;
     return {
       id: replica.id,
       ...(role === "prefill" || role === "decode" ? { role } : {}),
       healthy: replica.healthy(),
       busy: replica.busy(now),
       signals: {
-        kvUsage: signals.kvUsage,
-        hitRate: replica.hitRate.value,
-        running: signals.running,
-        waiting: signals.waiting,
-        preemptions: signals.preemptions,
+        kvUsage: measured("kvUsage", signals.kvUsage),
+        hitRate: measured("prefixCache", replica.hitRate.value),
+        running: measured("running", signals.running),
+        waiting: measured("waiting", signals.waiting),
+        preemptions: measured("preemptions", signals.preemptions),
         stale: replica.stale(now),
         ageMs: Number.isFinite(signals.readAtMs) ? Math.max(0, now - signals.readAtMs) : -1,
         kvCapacityTokens: signals.kvCapacityTokens,

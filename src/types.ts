@@ -145,13 +145,14 @@ export interface ReplicaState {
   healthy: boolean;
   /** A worker-wide gate rejection marked it busy (no new calls for 1 s). */
   busy: boolean;
+  /** What the engine publishes; a signal it does not publish is null here (and listed in `engine.unknown`), never a stand-in 0. */
   signals: {
-    kvUsage: number;
+    kvUsage: number | null;
     /** Token-weighted prefix-cache hit rate over the last control interval (0–1). */
-    hitRate: number;
-    running: number;
-    waiting: number;
-    preemptions: number;
+    hitRate: number | null;
+    running: number | null;
+    waiting: number | null;
+    preemptions: number | null;
     stale: boolean;
     ageMs: number;
     kvCapacityTokens: number;

@@ -413,9 +413,9 @@ export async function runPolicy(options: PolicyRunOptions): Promise<PolicyRun> {
     let running = 0;
     for (const replica of state.replicas) {
       if (replica.window.size !== null) window = (window ?? 0) + replica.window.size;
-      kv += replica.signals.kvUsage;
+      kv += replica.signals.kvUsage ?? 0;
       queued += replica.gate.queued;
-      running += replica.signals.running;
+      running += replica.signals.running ?? 0;
     }
     samples.push({
       t: round(clock.now() / 1000, 3),

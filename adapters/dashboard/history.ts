@@ -14,8 +14,9 @@ export interface HistoryScheduler {
 export interface ReplicaSample {
   id: string;
   healthy: boolean;
-  kvUsage: number;
-  hitRate: number;
+  /** Null when the engine does not publish it (the chart leaves a gap). */
+  kvUsage: number | null;
+  hitRate: number | null;
   windowTokens: number | null;
   /** The sum of active sessions' footprints (the documented gauge). */
   footprintTokens: number | null;

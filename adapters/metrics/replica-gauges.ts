@@ -74,28 +74,26 @@ export function registerReplicaGauges(registry: Registry, snapshot: ScrapeSnapsh
     "Sessions waiting for room in a replica's window.",
     (r) => r.window.waiting,
   );
-  // A signal the engine does not publish has no series (docs/engines.md): never a stand-in 0.
-  const measured = (r: AdminState["replicas"][number], field: string, value: number): number | null =>
-    r.engine?.unknown.includes(field) ? null : value;
+  // A signal the engine does not publish is null in the state, so it has no series (docs/engines.md).
   perReplica(
     "sluice_replica_kv_usage",
     "KV cache usage of a replica (0-1), excluding evictable cache; absent when the engine does not publish it.",
-    (r) => measured(r, "kvUsage", r.signals.kvUsage),
+    (r) => r.signals.kvUsage,
   );
   perReplica(
     "sluice_replica_prefix_hit_rate",
     "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1); absent when the engine does not publish its prefix-cache counters.",
-    (r) => measured(r, "prefixCache", r.signals.hitRate),
+    (r) => r.signals.hitRate,
   );
   perReplica(
     "sluice_replica_kv_usage_ratio",
     "KV cache usage of a replica (0-1), excluding evictable cache; the same value as sluice_replica_kv_usage.",
-    (r) => measured(r, "kvUsage", r.signals.kvUsage),
+    (r) => r.signals.kvUsage,
   );
   perReplica(
     "sluice_replica_prefix_cache_hit_ratio",
     "Token-weighted prefix cache hit rate of a replica over the last control interval (0-1); the same value as sluice_replica_prefix_hit_rate.",
-    (r) => measured(r, "prefixCache", r.signals.hitRate),
+    (r) => r.signals.hitRate,
   );
   perReplica(
     "sluice_replica_engine_stated_hit_rate",
@@ -116,12 +114,12 @@ export function registerReplicaGauges(registry: Registry, snapshot: ScrapeSnapsh
   perReplica(
     "sluice_replica_running_requests",
     "Calls the engine reports running; absent when it does not publish them.",
-    (r) => measured(r, "running", r.signals.running),
+    (r) => r.signals.running,
   );
   perReplica(
     "sluice_replica_waiting_requests",
     "Calls the engine reports waiting; absent when it does not publish them.",
-    (r) => measured(r, "waiting", r.signals.waiting),
+    (r) => r.signals.waiting,
   );
   perReplica(
     "sluice_replica_token_ceiling",

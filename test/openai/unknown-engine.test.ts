@@ -104,6 +104,7 @@ describe("an engine whose metrics cannot be read", () => {
         healthy: boolean;
         window: { size: number | null };
         budget: { ceilingTokens: number };
+        signals: Record<string, number | null>;
         engine?: {
           profile: string;
           unknown: string[];
@@ -119,6 +120,9 @@ describe("an engine whose metrics cannot be read", () => {
     for (const field of ["kvUsage", "prefixCache", "running", "waiting", "kvCapacityTokens", "maxNumSeqs"]) {
       assert.ok(replica.engine?.unknown.includes(field), field);
     }
+    // The state says unknown too: null, never a stand-in 0.
+    for (const signal of ["kvUsage", "hitRate", "running", "waiting", "preemptions"])
+      assert.equal(replica.signals[signal], null, signal);
     assert.equal(replica.engine?.tokenBudget, false);
     assert.equal(replica.engine?.kvCapacitySource, "unknown");
     assert.match(replica.engine?.warning ?? "", /GET \/metrics answered 404/);
@@ -188,6 +192,8 @@ describe("unknown is unknown on /metrics", () => {
     const { server } = await serve([`sg=${up.url}`]);
     const replica = server.scheduler.state().replicas[0]!;
     assert.ok(replica.engine?.unknown.includes("prefixCache"));
+    assert.equal(replica.signals.hitRate, null);
+    assert.equal(typeof replica.signals.kvUsage, "number", "what the page states is read");
     assert.equal(replica.engine?.warning, undefined, "a page read is not an unreadable engine");
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     assert.ok(!metrics.includes('sluice_replica_prefix_hit_rate{replica="sg"}'));
