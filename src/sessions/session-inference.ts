@@ -21,8 +21,8 @@ export const INFERENCE_MODES = ["on", "shadow", "off"] as const;
 export type InferenceMode = (typeof INFERENCE_MODES)[number];
 
 /**
- * Default number of chain points remembered: ~400 bytes each (token prompts: plus a block's tail),
- * ~40 MB, and the presence filter's 16 bytes per point.
+ * Default number of chain points remembered: ~500 bytes each (token prompts: ~750, with a block's
+ * tail), ~50–75 MB, the presence filter's 16 bytes per point included (docs/routing.md).
  */
 export const DEFAULT_INFERENCE_CAPACITY = 100_000;
 
