@@ -22,7 +22,7 @@ export type InferenceMode = (typeof INFERENCE_MODES)[number];
 
 /**
  * Default number of chain points remembered: ~500 bytes each (token prompts: ~750, with a block's
- * tail), ~50–75 MB, the presence filter's 16 bytes per point included (docs/routing.md).
+ * tail), ~50–75 MB, the presence filter (~20 bytes per point) included (docs/routing.md).
  */
 export const DEFAULT_INFERENCE_CAPACITY = 100_000;
 
@@ -30,7 +30,7 @@ export const DEFAULT_INFERENCE_CAPACITY = 100_000;
  * Presence-filter slots per remembered point (rounded up to a power of two). A prompt's entries are
  * mostly absent; the filter answers those from two array reads (one slot per 32-bit word of the
  * entry, each counting the entries held there), so only the few that pass both are rendered and
- * looked up: at 8 slots per point, about 1 in 25 absent entries. 2 bytes a slot, 16 per point.
+ * looked up: at 8 slots per point, about 1 in 25 absent entries. 2 bytes a slot: 2 MB at the default capacity.
  */
 const FILTER_SLOTS_PER_POINT = 8;
 
