@@ -13,27 +13,17 @@ import type { CallEndpoint } from "../../src/engine.js";
 import { Refusal, renderRefusal, toRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
 import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
-import type { AdmittedCall, CallInput, CallRequest, OpenSessionInit } from "../../src/types.js";
+import type { AdmittedCall, OpenSessionInit } from "../../src/types.js";
 import { StateHistory } from "../dashboard/history.js";
 import { renderDashboard } from "../dashboard/page.js";
 import { type Logger, silentLogger } from "../log/logger.js";
 import { AccessLog, operatorEventLog } from "../log/operations-log.js";
 import { type CompletedCall, createMetrics, type SluiceMetrics } from "../metrics/metrics.js";
 import { declaredLaneOf, expectedIdleMsOf, positiveMsOf, queueTtlMsOf } from "../openai-api/call-headers.js";
-import { chatInput, completionInput } from "../openai-api/call-input.js";
+import { buildCallRequest, callBodyOf, responseContextOf } from "../openai-api/call-request.js";
 import { collectCall, collectRaw, sseStream } from "../openai-api/call-response.js";
-import type { ResponseContext } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
-import { conversationKeyOf, responsesMessages } from "../openai-api/responses-input.js";
-import {
-  type ChatBody,
-  type CompletionBody,
-  chatBodySchema,
-  completionBodySchema,
-  openSessionBodySchema,
-  parseBody,
-  responsesBodySchema,
-} from "../openai-api/schemas.js";
+import { openSessionBodySchema, parseBody } from "../openai-api/schemas.js";
 import { readSessionKey, SESSION_REQUEST_HEADERS, type SessionKeySource } from "../openai-api/session-key.js";
 import { type ApiKeys, secretsEqual } from "./api-keys.js";
 import { CallTracker } from "./call-tracker.js";
@@ -131,51 +121,6 @@ function routePattern(path: string): RegExp {
     .map((part) => (part.startsWith(":") ? "[^/]+" : part.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")))
     .join("/");
   return new RegExp(`^${escaped}/?$`);
-}
-
-/** What the HTTP layer reads from a validated body of each endpoint. */
-interface CallBody {
-  body: Record<string, unknown>;
-  input: CallInput;
-  model: string | undefined;
-  maxTokens: number | undefined;
-  stream: boolean;
-  includeUsage: boolean;
-  /** Responses API: the response this call continues. */
-  previousResponseId?: string;
-  /** Responses API: the `conversation` it names, a session key. */
-  conversation?: string;
-}
-
-/** Validates the body of a chat, completions or Responses API call and reads what sluice needs from it. */
-export function callBodyOf(endpoint: CallEndpoint, json: unknown): CallBody {
-  if (endpoint === "responses") {
-    const body = parseBody(responsesBodySchema, json);
-    const shape: CallBody = {
-      body,
-      input: { kind: "chat", messages: responsesMessages(body) },
-      model: body.model,
-      maxTokens: body.max_output_tokens ?? undefined,
-      stream: body.stream === true,
-      includeUsage: false,
-    };
-    if (typeof body.previous_response_id === "string") shape.previousResponseId = body.previous_response_id;
-    const conversation = conversationKeyOf(body);
-    if (conversation !== undefined) shape.conversation = conversation;
-    return shape;
-  }
-  const body = endpoint === "chat" ? parseBody(chatBodySchema, json) : parseBody(completionBodySchema, json);
-  return {
-    body,
-    input: endpoint === "chat" ? chatInput(body as ChatBody) : completionInput(body as CompletionBody),
-    model: body.model,
-    maxTokens:
-      (endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
-      body.max_tokens ??
-      undefined,
-    stream: body.stream === true,
-    includeUsage: body.stream_options?.include_usage === true,
-  };
 }
 
 /**
@@ -607,7 +552,7 @@ export function createApp(options: AppOptions): SluiceApp {
 
     const json = await readJsonBody(c.req.raw, bodyLimit, incomingOf(c.env));
     const shape = callBodyOf(endpoint, json);
-    const { body, maxTokens, stream } = shape;
+    const { body, stream } = shape;
     // Headers first, then the body's `metadata.session_id`, then a Responses API `conversation`.
     const named = readSessionKey((name) => c.req.header(name), {
       body,
@@ -634,27 +579,18 @@ export function createApp(options: AppOptions): SluiceApp {
       unfollowShutdown();
     };
     const signal = callAbort.signal;
-    const req: CallRequest = {
+    const req = buildCallRequest({
       requestId,
       endpoint,
-      input: shape.input,
-      stream,
-      body,
+      shape,
       signal,
-    };
-    if (shape.model !== undefined) req.model = shape.model;
-    if (shape.previousResponseId !== undefined) req.previousResponseId = shape.previousResponseId;
-    if (maxTokens !== undefined) req.maxTokens = maxTokens;
-    if (sessionId !== undefined) req.sessionId = sessionId;
-    if (named.parent !== undefined) req.parentSessionId = named.parent;
-    if (named.final) req.finalStep = true;
-    if (named.cacheHint !== undefined) req.cacheHint = named.cacheHint;
-    if (declaredLane !== undefined) req.declaredLane = declaredLane;
-    if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
-    if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
-    if (identity) req.priority = identity.priority;
-    req.tenant = tenant;
-    if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
+      stream,
+      sessionId,
+      named,
+      options: { declaredLane, deadlineMs, expectedIdleMs, queueTtlMs },
+      tenant,
+      priority: identity?.priority,
+    });
 
     const facts = c.get("facts");
     facts.tenant = tenant;
@@ -720,12 +656,7 @@ export function createApp(options: AppOptions): SluiceApp {
       () => {},
     );
 
-    const ctx: ResponseContext = {
-      id: `${endpoint === "chat" ? "chatcmpl" : endpoint === "completions" ? "cmpl" : "resp"}-${requestId}`,
-      created: Math.floor(Date.now() / 1000),
-      model,
-      endpoint,
-    };
+    const ctx = responseContextOf(endpoint, requestId, model);
     const headers: Record<string, string> = {
       "x-request-id": requestId,
       "x-sluice-lane": call.lane,

@@ -10,6 +10,7 @@ export const SUBJECT_PREFIX = "sluice.v1";
 /** Endpoint subjects. */
 export const SUBJECTS = {
   chat: `${SUBJECT_PREFIX}.chat`,
+  responses: `${SUBJECT_PREFIX}.responses`,
   sessionsOpen: `${SUBJECT_PREFIX}.sessions.open`,
   sessionsClose: `${SUBJECT_PREFIX}.sessions.close`,
   sessionsGet: `${SUBJECT_PREFIX}.sessions.get`,
@@ -18,7 +19,7 @@ export const SUBJECTS = {
 /** Request and reply headers (NATS headers are case-sensitive; these are the canonical spellings). */
 export const HEADERS = {
   session: "Sluice-Session",
-  /** On a reply: where the session key came from, `header`, `body` or `none` (as HTTP's `x-sluice-session-source`). */
+  /** On a reply: where the session the call was counted in came from, `header`, `body`, `inferred` or `none` (as HTTP's `x-sluice-session-source`). */
   sessionSource: "Sluice-Session-Source",
   lane: "Sluice-Lane",
   requestId: "Sluice-Request-Id",
@@ -60,6 +61,7 @@ export const SESSION_EVENTS_PREFIX = `${SUBJECT_PREFIX}.events.session`;
 /** What one frontend answers on its own subjects (requests handed over by other frontends, and a liveness ping). */
 export type FrontendRequestKind =
   | "chat"
+  | "responses"
   | "sessions.open"
   | "sessions.close"
   | "sessions.get"

@@ -28,7 +28,6 @@ import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
 import type {
   AdmittedCall,
   CallRequest,
-  ChatMessage,
   LaneClass,
   OpenSessionInit,
   SchedulerEvents,
@@ -36,10 +35,11 @@ import type {
 } from "../../src/types.js";
 import { DEFAULT_BODY_LIMIT_BYTES, jsonDepthExceeds, MAX_JSON_DEPTH } from "../http/read-body.js";
 import { declaredLaneOf, expectedIdleMsOf, positiveMsOf, queueTtlMsOf } from "../openai-api/call-headers.js";
-import { collectCall } from "../openai-api/call-response.js";
+import { buildCallRequest, callBodyOf, responseContextOf } from "../openai-api/call-request.js";
+import { collectCall, collectRaw } from "../openai-api/call-response.js";
 import { deltaChunk, finishChunk, type ResponseContext, usageChunk } from "../openai-api/openai-format.js";
 import { sanitizeRequestId } from "../openai-api/request-id.js";
-import { type ChatBody, chatBodySchema, openSessionBodySchema, parseBody } from "../openai-api/schemas.js";
+import { openSessionBodySchema, parseBody } from "../openai-api/schemas.js";
 import { readSessionKey } from "../openai-api/session-key.js";
 import {
   type FrontendRequestKind,
@@ -145,6 +145,9 @@ export interface NatsService {
   stop(): Promise<void>;
 }
 
+/** The call endpoints the NATS API serves (completions are HTTP only). */
+type NatsCallEndpoint = "chat" | "responses";
+
 /** Shortest heartbeat interval a requester may ask for, ms. */
 export const MIN_HEARTBEAT_MS = 100;
 /** Longest a cancelled call may take to send its last message during a stop, ms. */
@@ -246,7 +249,8 @@ function chunkObjects(chunk: EngineChunk, ctx: ResponseContext, first: boolean):
     }
     return out;
   }
-  if (chunk.text === "" && !first) return [];
+  // A Responses API stream is the engine's own events only: there is no chunk format to write text in.
+  if (ctx.endpoint === "responses" || (chunk.text === "" && !first)) return [];
   return [deltaChunk(ctx, chunk.text, first)];
 }
 
@@ -338,7 +342,12 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
 
   // --- chat --------------------------------------------------------------------------------------
 
-  const handleChat = async (msg: ServiceMsg, handedOver: boolean): Promise<void> => {
+  /** A chat or Responses API call (`sluice.v1.chat`, `sluice.v1.responses`). */
+  const handleCall = async (
+    msg: ServiceMsg,
+    endpoint: NatsCallEndpoint,
+    handedOver: boolean,
+  ): Promise<void> => {
     const requestId = sanitizeRequestId(headerOf(msg, HEADERS.requestId));
     const reply = msg.reply;
     // A request nobody waits for would run a model call for nobody.
@@ -371,10 +380,17 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       const queueTtlMs = queueTtlMsOf(HEADERS.queueTtlMs, headerOf(msg, HEADERS.queueTtlMs));
       const statedTimeout = positiveMsOf(HEADERS.timeoutMs, headerOf(msg, HEADERS.timeoutMs));
       const caller = callerOf(msg, options.keys);
-      const body = parseBody(chatBodySchema, parseJson(msg.data, bodyLimit)) as ChatBody;
-      streamMode = streamMode || body.stream === true;
-      // `Sluice-Session` first, then the HTTP session headers by the same names, then the body.
-      const named = readSessionKey((name) => anyCaseHeader(msg, name), { body, first: [HEADERS.session] });
+      const shape = callBodyOf(endpoint, parseJson(msg.data, bodyLimit));
+      streamMode = streamMode || shape.stream;
+      // `Sluice-Session` first, then the HTTP session headers by the same names, then the body, then a
+      // Responses API `conversation`.
+      const named = readSessionKey((name) => anyCaseHeader(msg, name), {
+        body: shape.body,
+        first: [HEADERS.session],
+        ...(shape.conversation !== undefined
+          ? { fallback: { from: "conversation", key: shape.conversation } }
+          : {}),
+      });
       const sessionId = named.key;
 
       if (sessionId !== undefined && router && frontendId !== undefined && !handedOver) {
@@ -386,7 +402,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
           if (route.owner === "other") {
             // The owner answers (and beats) from here on.
             heartbeat.stop();
-            handOver(msg, route.frontendId, "chat");
+            handOver(msg, route.frontendId, endpoint);
             return;
           }
         }
@@ -400,29 +416,19 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
         timeoutMs,
       );
       const signal = AbortSignal.any([stopping.signal, gone.signal]);
-      const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
-      const req: CallRequest = {
+      const keyed = options.keys !== undefined && options.keys.size > 0;
+      const req = buildCallRequest({
         requestId,
-        endpoint: "chat",
-        input: { kind: "chat", messages: body.messages as ChatMessage[] },
-        stream: streamMode,
-        body: body as Record<string, unknown>,
+        endpoint,
+        shape,
         signal,
-      };
-      if (body.model !== undefined) req.model = body.model;
-      if (maxTokens !== undefined) req.maxTokens = maxTokens;
-      if (sessionId !== undefined) req.sessionId = sessionId;
-      if (named.parent !== undefined) req.parentSessionId = named.parent;
-      if (named.final) req.finalStep = true;
-      if (named.cacheHint !== undefined) req.cacheHint = named.cacheHint;
-      if (declaredLane !== undefined) req.declaredLane = declaredLane;
-      if (deadlineMs !== undefined) req.deadlineMs = deadlineMs;
-      if (expectedIdleMs !== undefined) req.expectedIdleMs = expectedIdleMs;
-      if (options.keys && options.keys.size > 0) {
-        req.tenant = caller.tenant;
-        if (caller.priority !== undefined) req.priority = caller.priority;
-      }
-      if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
+        stream: streamMode,
+        sessionId,
+        named,
+        options: { declaredLane, deadlineMs, expectedIdleMs, queueTtlMs },
+        tenant: keyed ? caller.tenant : undefined,
+        priority: keyed ? caller.priority : undefined,
+      });
 
       try {
         // The scheduler decides at once whether it still takes calls; past this line a drain lets it run.
@@ -439,37 +445,34 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       signal.addEventListener("abort", onAbort, { once: true });
       if (signal.aborted) onAbort();
       try {
-        const ctx: ResponseContext = {
-          id: `chatcmpl-${requestId}`,
-          created: Math.floor(Date.now() / 1000),
-          model: body.model ?? scheduler.models()[0] ?? "unknown",
-          endpoint: "chat",
-        };
+        const ctx = responseContextOf(endpoint, requestId, shape.model ?? scheduler.models()[0] ?? "unknown");
         const meta = createHeaders();
         meta.set(HEADERS.requestId, requestId);
         meta.set(HEADERS.lane, call.lane);
         meta.set(HEADERS.replica, call.replica);
         meta.set(HEADERS.queueMs, String(Math.round(call.queueMs)));
-        meta.set(HEADERS.sessionSource, sessionId !== undefined ? named.source : "none");
-        if (sessionId !== undefined) meta.set(HEADERS.session, sessionId);
-        if (streamMode) {
-          await streamCall(
-            call,
-            reply,
-            ctx,
-            meta,
-            body.stream_options?.include_usage === true,
-            gone,
-            requestId,
+        // The session the call was counted in: its key's, an inferred one, or the one the response it continues ran in.
+        if (call.sessionId !== undefined) {
+          meta.set(HEADERS.session, call.sessionId);
+          meta.set(
+            HEADERS.sessionSource,
+            call.sessionInferred ? "inferred" : named.source === "none" ? "body" : named.source,
           );
+        } else meta.set(HEADERS.sessionSource, "none");
+        if (streamMode) {
+          await streamCall(call, reply, ctx, meta, shape.includeUsage, gone, requestId);
         } else {
-          let payload: Record<string, unknown>;
+          let payload: Uint8Array;
           try {
-            payload = await collectCall({ call, ctx });
+            // The Responses API's body is the engine's own, byte for byte.
+            payload =
+              endpoint === "responses"
+                ? await collectRaw(call)
+                : encoder.encode(JSON.stringify(await collectCall({ call, ctx })));
           } catch (err) {
             throw toRefusal(err).with({ lane: call.lane });
           }
-          msg.respond(encoder.encode(JSON.stringify(payload)), { headers: meta });
+          msg.respond(payload, { headers: meta });
         }
       } finally {
         signal.removeEventListener("abort", onAbort);
@@ -578,7 +581,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       }
       if (gone.signal.aborted) throw gone.signal.reason;
       const result: EngineResult = await call.result;
-      if (!sawRaw) {
+      if (!sawRaw && ctx.endpoint !== "responses") {
         send(finishChunk(ctx, result.finishReason));
         if (includeUsage) send(usageChunk(ctx, result));
       }
@@ -753,8 +756,13 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
   const group = service.addGroup("sluice.v1");
   group.addEndpoint("chat", {
     subject: SUBJECTS.chat.slice("sluice.v1.".length),
-    handler: (_err, msg) => void handleChat(msg, false),
+    handler: (_err, msg) => void handleCall(msg, "chat", false),
     metadata: { request: "OpenAI chat completion body", stream: `header ${HEADERS.stream}: true` },
+  });
+  group.addEndpoint("responses", {
+    subject: SUBJECTS.responses.slice("sluice.v1.".length),
+    handler: (_err, msg) => void handleCall(msg, "responses", false),
+    metadata: { request: "OpenAI Responses API body", stream: `header ${HEADERS.stream}: true` },
   });
   group.addEndpoint("sessions-open", {
     subject: "sessions.open",
@@ -776,7 +784,7 @@ export async function startNatsService(options: NatsServiceOptions): Promise<Nat
       queue: `frontend-${frontendId}`,
       handler: (_err, msg) => {
         const kind = msg.subject.slice(base.length + 1);
-        if (kind === "chat") void handleChat(msg, true);
+        if (kind === "chat" || kind === "responses") void handleCall(msg, kind, true);
         else if (kind === "sessions.open") void handleOpen(msg, true);
         else if (kind === "sessions.close") void sessionRequest(msg, "sessions.close", true, closeLocal);
         else if (kind === "sessions.get") void sessionRequest(msg, "sessions.get", true, getLocal);

@@ -71,13 +71,19 @@ describe("a frontend with one replica", () => {
     const subjects = info.endpoints.map((e) => e.subject).sort();
     assert.deepEqual(
       subjects,
-      [SUBJECTS.chat, SUBJECTS.sessionsClose, SUBJECTS.sessionsGet, SUBJECTS.sessionsOpen].sort(),
+      [
+        SUBJECTS.chat,
+        SUBJECTS.responses,
+        SUBJECTS.sessionsClose,
+        SUBJECTS.sessionsGet,
+        SUBJECTS.sessionsOpen,
+      ].sort(),
     );
     for (const endpoint of info.endpoints) assert.equal(endpoint.queue_group, "sluice");
     const stats = (await client.request("$SRV.STATS.sluice", Empty, { timeout: 2000 })).json<{
       endpoints: { name: string; num_requests: number }[];
     }>();
-    assert.equal(stats.endpoints.length, 4);
+    assert.equal(stats.endpoints.length, 5);
   });
 
   test("answers a chat call with the completion JSON and its routing headers", async () => {
@@ -294,5 +300,94 @@ describe("a frontend whose gate has tiny limits", () => {
     sub.unsubscribe();
     await eventually(() => ctx.scheduler.idleCheck().permits === 0, "the held permit was released");
     assert.deepEqual(ctx.scheduler.idleCheck(), { permits: 0, reservations: 0, windowSlots: 0, queued: 0 });
+  });
+});
+
+describe("the Responses API over NATS", () => {
+  const ctx = useService({ engines: [fastSim("sim-0"), fastSim("sim-1")] });
+  const responsesBody = (extra: Record<string, unknown> = {}) => ({
+    model: MODEL,
+    input: "write a haiku about queues",
+    max_output_tokens: 8,
+    ...extra,
+  });
+
+  test("answers with the replica's Response object, byte for byte as it sent it", async () => {
+    const reply = await client.request(
+      SUBJECTS.responses,
+      json(responsesBody({ instructions: "be brief" })),
+      {
+        timeout: 10_000,
+        headers: hdrs({ [HEADERS.requestId]: "req-resp-1" }),
+      },
+    );
+    assert.equal(reply.headers?.get(HEADERS.serviceErrorCode), "", reply.string());
+    const body = reply.json<{
+      id: string;
+      object: string;
+      instructions: string;
+      output: { type: string }[];
+    }>();
+    assert.equal(body.object, "response");
+    assert.match(body.id, /^resp_/);
+    assert.equal(body.instructions, "be brief");
+    assert.equal(body.output[0]!.type, "message");
+    assert.match(reply.headers?.get(HEADERS.replica) ?? "", /^sim-/);
+    assert.equal(reply.headers?.get(HEADERS.requestId), "req-resp-1");
+  });
+
+  test("streams the Responses API's own events, one message each, then the done marker", async () => {
+    const messages = await streamMessages(client, SUBJECTS.responses, responsesBody({ stream: true }));
+    assert.equal(messages.at(-1)!.headers?.get(HEADERS.done), "true");
+    const events = messages.slice(0, -1).map((m) => m.json<{ type: string; sequence_number: number }>());
+    assert.deepEqual(
+      events.slice(0, 2).map((e) => e.type),
+      ["response.created", "response.in_progress"],
+    );
+    assert.equal(events.at(-1)!.type, "response.incomplete");
+    assert.ok(events.some((e) => e.type === "response.output_text.delta"));
+    for (const [i, event] of events.entries())
+      assert.equal(event.sequence_number, i, "no event of sluice's own");
+  });
+
+  test("previous_response_id keeps a chain on the replica that holds it, in its session", async () => {
+    const first = await client.request(SUBJECTS.responses, json(responsesBody()), {
+      timeout: 10_000,
+      headers: hdrs({ [HEADERS.session]: "nats-resp-agent" }),
+    });
+    const home = first.headers?.get(HEADERS.replica);
+    let previous = first.json<{ id: string }>().id;
+    for (let step = 0; step < 3; step++) {
+      const next = await client.request(
+        SUBJECTS.responses,
+        json(responsesBody({ input: `step ${step}`, previous_response_id: previous })),
+        { timeout: 10_000 },
+      );
+      assert.equal(next.headers?.get(HEADERS.serviceErrorCode), "", next.string());
+      assert.equal(next.headers?.get(HEADERS.replica), home);
+      // Sent without a key, counted in the session of the response it continues.
+      assert.equal(next.headers?.get(HEADERS.session), "nats-resp-agent");
+      assert.equal(next.headers?.get(HEADERS.sessionSource), "body");
+      previous = next.json<{ id: string }>().id;
+    }
+    assert.equal(ctx.scheduler.getSession("nats-resp-agent")?.steps, 4);
+    assert.equal(ctx.scheduler.closeSession("nats-resp-agent"), true);
+  });
+
+  test("a bad body is a 400 naming the field, and nothing is left held", async () => {
+    const reply = await client.request(
+      SUBJECTS.responses,
+      json(responsesBody({ previous_response_id: "has space" })),
+      {
+        timeout: 10_000,
+      },
+    );
+    const error = assertServiceError(reply, 400, "invalid_request");
+    assert.equal(error.param, "previous_response_id");
+    await eventually(
+      () =>
+        ctx.scheduler.state().replicas.every((r) => r.gate.requests === 0 && r.budget.reservedTokens === 0),
+      "no permit or reservation held",
+    );
   });
 });
