@@ -3,7 +3,7 @@
 import { toRefusal } from "../../src/errors.js";
 import { SESSION_REQUEST_HEADERS } from "../openai-api/session-key.js";
 import { sessionOfCall } from "./call-executor.js";
-import type { BatchValidationError, JobEndpoint, StoredCall } from "./types.js";
+import { type BatchValidationError, JOB_CALL_ENDPOINTS, type JobEndpoint, type StoredCall } from "./types.js";
 
 /** One request of a batch, ready to run. */
 export interface BatchLine {
@@ -101,7 +101,7 @@ export function parseBatchInput(
       }
     }
     const call: StoredCall = {
-      endpoint: endpoint === "/v1/chat/completions" ? "chat" : "completions",
+      endpoint: JOB_CALL_ENDPOINTS[endpoint],
       body: forwarded,
       declaredLane: "bulk",
     };

@@ -1,18 +1,16 @@
 /** @module Runs one stored call through the scheduler, the path an HTTP call takes, and says whether it answered or must wait. */
 
 import { type Refusal, renderRefusal, tellsToComeBackLater, toRefusal } from "../../src/errors.js";
-import type { AdmittedCall, CallRequest, Lane } from "../../src/types.js";
+import type { AdmittedCall, Lane } from "../../src/types.js";
 import type { HttpScheduler } from "../http/scheduler-port.js";
-import { chatInput, completionInput } from "../openai-api/call-input.js";
-import { collectCall } from "../openai-api/call-response.js";
 import {
-  type ChatBody,
-  type CompletionBody,
-  chatBodySchema,
-  checkServedModel,
-  completionBodySchema,
-  parseBody,
-} from "../openai-api/schemas.js";
+  buildCallRequest,
+  type CallBody,
+  callBodyOf,
+  responseContextOf,
+} from "../openai-api/call-request.js";
+import { collectCall, collectRaw } from "../openai-api/call-response.js";
+import { checkServedModel } from "../openai-api/schemas.js";
 import { readSessionKey } from "../openai-api/session-key.js";
 import type { StoredCall } from "./types.js";
 
@@ -39,12 +37,10 @@ export interface CallOwner {
  * Checks a body as the HTTP route does (schema, served model). Throws the same `Refusal` the route
  * would, so a job is refused at creation rather than failing later.
  */
-export function checkCallBody(scheduler: HttpScheduler, call: StoredCall): void {
-  const body =
-    call.endpoint === "chat"
-      ? parseBody(chatBodySchema, call.body)
-      : parseBody(completionBodySchema, call.body);
-  checkServedModel(scheduler.models(), body.model);
+export function checkCallBody(scheduler: HttpScheduler, call: StoredCall): CallBody {
+  const shape = callBodyOf(call.endpoint, call.body);
+  checkServedModel(scheduler.models(), shape.model);
+  return shape;
 }
 
 /**
@@ -92,44 +88,34 @@ export async function executeCall(
 ): Promise<CallOutcome> {
   const { requestId, signal } = options;
   signal.throwIfAborted();
-  let body: ChatBody | CompletionBody;
+  let shape: CallBody;
   try {
-    checkCallBody(scheduler, call);
-    body =
-      call.endpoint === "chat"
-        ? parseBody(chatBodySchema, call.body)
-        : parseBody(completionBodySchema, call.body);
+    shape = checkCallBody(scheduler, call);
   } catch (err) {
     const rendered = renderRefusal(toRefusal(err), requestId);
     return answered(rendered.status, requestId, rendered.body);
   }
-  const forwarded: Record<string, unknown> = { ...(body as Record<string, unknown>), stream: false };
+  const forwarded: Record<string, unknown> = { ...shape.body, stream: false };
   delete forwarded.stream_options;
-  const maxTokens =
-    (call.endpoint === "chat" ? (body as ChatBody).max_completion_tokens : undefined) ??
-    body.max_tokens ??
-    undefined;
-  const req: CallRequest = {
+  const cacheHint = (shape.body as { prompt_cache_key?: unknown }).prompt_cache_key;
+  const req = buildCallRequest({
     requestId,
     endpoint: call.endpoint,
-    input: call.endpoint === "chat" ? chatInput(body as ChatBody) : completionInput(body as CompletionBody),
-    stream: false,
-    body: forwarded,
+    shape,
     signal,
-    priority: options.owner.priority,
+    stream: false,
+    forwardedBody: forwarded,
+    // A Responses API line's `conversation` is its key when it names no other.
+    sessionId: call.sessionId ?? shape.conversation,
+    named: {
+      ...(call.parentSessionId !== undefined ? { parent: call.parentSessionId } : {}),
+      final: call.finalStep === true,
+      ...(typeof cacheHint === "string" && cacheHint !== "" && cacheHint.length <= 1024 ? { cacheHint } : {}),
+    },
+    options: { declaredLane: options.lane ?? call.declaredLane, deadlineMs: call.deadlineMs },
     tenant: options.owner.tenant,
-  };
-  if (body.model !== undefined) req.model = body.model;
-  if (maxTokens !== undefined) req.maxTokens = maxTokens;
-  if (call.sessionId !== undefined) req.sessionId = call.sessionId;
-  if (call.parentSessionId !== undefined) req.parentSessionId = call.parentSessionId;
-  if (call.finalStep) req.finalStep = true;
-  const cacheHint = (body as { prompt_cache_key?: unknown }).prompt_cache_key;
-  if (typeof cacheHint === "string" && cacheHint !== "" && cacheHint.length <= 1024)
-    req.cacheHint = cacheHint;
-  const lane = options.lane ?? call.declaredLane;
-  if (lane !== undefined) req.declaredLane = lane;
-  if (call.deadlineMs !== undefined) req.deadlineMs = call.deadlineMs;
+    priority: options.owner.priority,
+  });
 
   let admitted: AdmittedCall;
   try {
@@ -141,15 +127,18 @@ export async function executeCall(
   const onAbort = () => admitted.cancel();
   signal.addEventListener("abort", onAbort, { once: true });
   try {
-    const payload = await collectCall({
-      call: admitted,
-      ctx: {
-        id: `${call.endpoint === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`,
-        created: Math.floor(Date.now() / 1000),
-        model: body.model ?? scheduler.models()[0] ?? "unknown",
-        endpoint: call.endpoint,
-      },
-    });
+    // A Responses API answer is the replica's own object; the others are written from the call.
+    const payload =
+      call.endpoint === "responses"
+        ? JSON.parse(new TextDecoder().decode(await collectRaw(admitted)))
+        : await collectCall({
+            call: admitted,
+            ctx: responseContextOf(
+              call.endpoint,
+              requestId,
+              shape.model ?? scheduler.models()[0] ?? "unknown",
+            ),
+          });
     // A call cancelled mid-answer (shutdown, cancel) may end without an error: its text is partial, not an answer.
     if (signal.aborted) throw signal.reason;
     return answered(200, requestId, payload, {

@@ -16,6 +16,7 @@ import {
   type AsyncJobRecord,
   type BatchRecord,
   type FileObject,
+  JOB_CALL_ENDPOINTS,
   JOB_ENDPOINTS,
   type JobEndpoint,
   type StoredCall,
@@ -305,7 +306,7 @@ export function mountJobRoutes(app: Hono<AppEnv>, ctx: AppPluginContext, options
       await next();
       return c.res;
     }
-    const call: StoredCall = { endpoint: endpoint === "/v1/chat/completions" ? "chat" : "completions", body };
+    const call: StoredCall = { endpoint: JOB_CALL_ENDPOINTS[endpoint], body };
     const headers: Record<string, string> = {};
     c.req.raw.headers.forEach((value, name) => {
       headers[name] = value;
@@ -338,6 +339,7 @@ export function mountJobRoutes(app: Hono<AppEnv>, ctx: AppPluginContext, options
 
   app.use("/v1/chat/completions", respondAsync("/v1/chat/completions"));
   app.use("/v1/completions", respondAsync("/v1/completions"));
+  app.use("/v1/responses", respondAsync("/v1/responses"));
 
   app.get("/v1/jobs/:id", requireKey, async (c) => {
     const job = await jobOf(c, c.req.param("id"));

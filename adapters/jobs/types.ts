@@ -1,5 +1,6 @@
 /** @module Shapes of what the job store keeps: OpenAI's batch and file objects, line results, asynchronous calls, idempotency records. */
 
+import type { CallEndpoint } from "../../src/engine.js";
 import type { Lane } from "../../src/types.js";
 
 /** OpenAI's batch statuses, in the order a batch moves through them. */
@@ -22,9 +23,16 @@ export const TERMINAL_BATCH_STATUSES: ReadonlySet<BatchStatus> = new Set([
 ]);
 
 /** Endpoints a batch (and an asynchronous call) can target. */
-export type JobEndpoint = "/v1/chat/completions" | "/v1/completions";
+export type JobEndpoint = "/v1/chat/completions" | "/v1/completions" | "/v1/responses";
 
-export const JOB_ENDPOINTS: readonly JobEndpoint[] = ["/v1/chat/completions", "/v1/completions"];
+/** The call each job endpoint runs. */
+export const JOB_CALL_ENDPOINTS: Readonly<Record<JobEndpoint, CallEndpoint>> = {
+  "/v1/chat/completions": "chat",
+  "/v1/completions": "completions",
+  "/v1/responses": "responses",
+};
+
+export const JOB_ENDPOINTS = Object.keys(JOB_CALL_ENDPOINTS) as readonly JobEndpoint[];
 
 /** One entry of a batch's `errors.data` (input file validation). */
 export interface BatchValidationError {
@@ -93,7 +101,7 @@ export interface LineResult {
 
 /** A call as it is kept to run later: everything the HTTP request said that the scheduler reads. */
 export interface StoredCall {
-  endpoint: "chat" | "completions";
+  endpoint: CallEndpoint;
   body: Record<string, unknown>;
   sessionId?: string;
   /** The parent session's key (same tenant), a placement hint for a new child session. */

@@ -151,6 +151,46 @@ describe("files and batches through the openai SDK", () => {
     await idle();
   });
 
+  test("a Responses API batch: each line's answer is the replica's Response object; conversation is a key", async () => {
+    const lines = Array.from({ length: 6 }, (_, i) =>
+      JSON.stringify({
+        custom_id: `resp-${i}`,
+        method: "POST",
+        url: "/v1/responses",
+        body: {
+          model: MODEL,
+          input: `write a line about ${i}`,
+          max_output_tokens: 8,
+          ...(i < 3 ? { conversation: "conv-batch" } : {}),
+        },
+      }),
+    );
+    const input = await upload(lines);
+    const created = await client.batches.create({
+      input_file_id: input.id,
+      endpoint: "/v1/responses",
+      completion_window: "24h",
+    });
+    const done = await settle(created.id);
+    assert.equal(done.status, "completed");
+    assert.deepEqual(done.request_counts, { total: 6, completed: 6, failed: 0 });
+    const output = await jsonl(done.output_file_id!);
+    for (const line of output) {
+      assert.equal(line.response?.status_code, 200);
+      const body = line.response?.body as unknown as {
+        object: string;
+        id: string;
+        output: { type: string }[];
+      };
+      assert.equal(body.object, "response");
+      assert.match(body.id, /^resp_/);
+      assert.equal(body.output[0]?.type, "message");
+    }
+    const view = (await (await fetch(`${server.url}/v1/sessions/conv-batch`)).json()) as { steps: number };
+    assert.equal(view.steps, 3, "the lines naming the conversation ran as its steps");
+    await idle();
+  });
+
   test("lines the engine cannot run are answered in the error file; the rest in the output file", async () => {
     const lines = [
       chatLine("ok-1", "hello"),

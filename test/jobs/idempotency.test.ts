@@ -339,7 +339,7 @@ describe("Prefer: respond-async", () => {
     await idle(s);
   });
 
-  test("legacy completions too; a bad body is refused at once; an unknown job is 404", async () => {
+  test("legacy completions and the Responses API too; a bad body is refused at once; an unknown job is 404", async () => {
     const s = await start();
     const accepted = await post(
       `${s.url}/v1/completions`,
@@ -349,6 +349,14 @@ describe("Prefer: respond-async", () => {
     assert.equal(accepted.status, 202);
     const done = await poll(`${s.url}${accepted.headers.get("location")}`);
     assert.equal(((await done.json()) as { object: string }).object, "text_completion");
+    const responses = await post(
+      `${s.url}/v1/responses`,
+      { model: MODEL, input: "once upon", max_output_tokens: 4 },
+      { prefer: "respond-async" },
+    );
+    assert.equal(responses.status, 202);
+    const answered = await poll(`${s.url}${responses.headers.get("location")}`);
+    assert.equal(((await answered.json()) as { object: string }).object, "response");
     const bad = await post(
       `${s.url}/v1/chat/completions`,
       { model: MODEL, messages: [] },
