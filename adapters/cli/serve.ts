@@ -241,6 +241,7 @@ interface NatsScaleOut {
       fetch: F,
       scheduler: Scheduler,
       tenantOf?: (request: Request) => string | undefined,
+      bodyLimitBytes?: number,
     ): F;
   };
   schedulerPorts: Pick<SchedulerOptions, "windowAuthority" | "sessionDirectory">;
@@ -381,7 +382,13 @@ export async function startServer(options: ServeOptions = {}): Promise<RunningSe
           return presented ? keys.lookup(presented)?.tenant : undefined;
         }
       : undefined;
-  const fetch = natsScaleOut?.frontend.wrapFetch?.(app.fetch, scheduler, tenantOf) ?? app.fetch;
+  const fetch =
+    natsScaleOut?.frontend.wrapFetch?.(
+      app.fetch,
+      scheduler,
+      tenantOf,
+      options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    ) ?? app.fetch;
   const server = serveHono({ fetch, port, hostname: host });
   answerClientErrors(server);
   try {

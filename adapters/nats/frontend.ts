@@ -85,6 +85,8 @@ export interface NatsFrontend {
     scheduler: FleetSessionScheduler,
     /** The tenant of a request (its API key's); sessions are scoped by it. */
     tenantOf?: (request: Request) => string | undefined,
+    /** The app's body limit: a body read to find its session key is read within it. */
+    bodyLimitBytes?: number,
   ): F;
   /**
    * Graceful stop of the NATS calls: leaves the queue group now (new calls go
@@ -212,11 +214,12 @@ export async function connectNatsFrontend(options: NatsFrontendOptions): Promise
       });
       return service;
     },
-    wrapFetch(fetch, scheduler, tenantOf) {
+    wrapFetch(fetch, scheduler, tenantOf, bodyLimitBytes) {
       if (!sessionDirectory) return fetch;
       return fleetSessionsFetch(fetch, {
         scheduler,
         ...(tenantOf ? { tenantOf } : {}),
+        ...(bodyLimitBytes !== undefined ? { bodyLimitBytes } : {}),
         directory: sessionDirectory,
         nc,
         // The moved step claims its place now rather than at the next control tick: once it waits

@@ -14,13 +14,15 @@ import { Refusal, renderRefusal } from "../../src/errors.js";
 import { isSessionId } from "../../src/sessions/session-id.js";
 import { scopedSessionId } from "../../src/sessions/session-scope.js";
 import { DEFAULT_TENANT } from "../../src/tenants/tenant-ledger.js";
+import { DEFAULT_BODY_LIMIT_BYTES, readBodyText } from "../http/read-body.js";
+import { conversationKeyOf } from "../openai-api/responses-input.js";
 import { readSessionKey } from "../openai-api/session-key.js";
 import { frontendSubject, HEADERS } from "./protocol.js";
 import type { Handover, KvSessionDirectory, TakeoverAnswer } from "./session-directory.js";
 
 const SESSION_PATH = /^\/v1\/sessions\/([^/]+)$/;
 const SESSION_STEP_PATH = /^\/v1\/sessions\/([^/]+)\/chat\/completions$/;
-const STEP_PATHS = new Set(["/v1/chat/completions", "/v1/completions"]);
+const STEP_PATHS = new Set(["/v1/chat/completions", "/v1/completions", "/v1/responses"]);
 
 /** What the wrapper needs from the scheduler. */
 export interface FleetSessionScheduler {
@@ -35,6 +37,8 @@ export interface FleetSessionsOptions {
   nc: NatsConnection;
   /** Longest a hand-over request waits for the holder (which waits for a running step first), ms. Default 12000. */
   releaseTimeoutMs?: number;
+  /** Largest body read to find a session key the headers do not give (the app's own limit). Default the app's default. */
+  bodyLimitBytes?: number;
   /** Longest a `GET`/`DELETE` forwarded to the holder waits, ms. Default 2000. */
   forwardTimeoutMs?: number;
   /** A session was taken over and its step is about to wait for a window place here. */
@@ -59,16 +63,36 @@ function decodeSegment(segment: string): string | undefined {
   }
 }
 
-/** The session a step belongs to, or undefined (not a step, or a one-off call). */
-function stepSessionOf(request: Request, path: string): string | undefined {
+/**
+ * What a request's path and headers say about the session a step belongs to: its key, or
+ * `undefined` (not a step, or no key there), or `body` when only the body can tell (a step
+ * path whose headers name no session).
+ */
+function stepSessionOf(request: Request, path: string): string | "body" | undefined {
   if (request.method !== "POST") return undefined;
   const inPath = SESSION_STEP_PATH.exec(path);
   if (inPath) return decodeSegment(inPath[1]!);
   if (!STEP_PATHS.has(path)) return undefined;
   // An invalid key is left to the app, which refuses it naming the header.
   try {
-    return readSessionKey((name) => request.headers.get(name) ?? undefined).key;
+    return readSessionKey((name) => request.headers.get(name) ?? undefined).key ?? "body";
   } catch {
+    return undefined;
+  }
+}
+
+/** The session key a step's body names (`metadata.session_id`, a Responses API `conversation`), if any. */
+function bodySessionOf(request: Request, path: string, text: string): string | undefined {
+  try {
+    const body = JSON.parse(text) as unknown;
+    if (body === null || typeof body !== "object") return undefined;
+    const conversation = path === "/v1/responses" ? conversationKeyOf(body) : undefined;
+    return readSessionKey((name) => request.headers.get(name) ?? undefined, {
+      body,
+      ...(conversation !== undefined ? { fallback: { from: "conversation", key: conversation } } : {}),
+    }).key;
+  } catch {
+    // Not JSON, or an odd key: the app refuses it with the error that names it.
     return undefined;
   }
 }
@@ -83,6 +107,16 @@ async function requestedSessionId(request: Request): Promise<string | undefined>
   } catch {
     return undefined;
   }
+}
+
+/**
+ * The server's per-request environment without the Node request stream, so the app reads the
+ * body from the request it is handed (the stream was read already).
+ */
+function withoutIncoming(env: unknown): unknown {
+  if (env === null || typeof env !== "object" || !("incoming" in env)) return env;
+  const { incoming: _spent, ...rest } = env as Record<string, unknown>;
+  return rest;
 }
 
 function refusalResponse(refusal: Refusal, requestId: string): Response {
@@ -100,6 +134,7 @@ function refusalResponse(refusal: Refusal, requestId: string): Response {
 export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSessionsOptions): F {
   const { scheduler, directory, nc } = options;
   const releaseTimeoutMs = options.releaseTimeoutMs ?? 12_000;
+  const bodyLimitBytes = options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
   const forwardTimeoutMs = options.forwardTimeoutMs ?? 2000;
   // One take-over per session at a time: concurrent steps of it wait for the first.
   const takingOver = new Map<string, Promise<Handover | "busy" | undefined>>();
@@ -198,11 +233,27 @@ export function fleetSessionsFetch<F extends Fetch>(fetch: F, options: FleetSess
     }
   };
 
-  const wrapped = async (request: Request, ...rest: never[]): Promise<Response> => {
+  const wrapped = async (received: Request, ...receivedRest: never[]): Promise<Response> => {
+    let request = received;
+    let rest = receivedRest;
     const path = new URL(request.url).pathname;
     const requestId = request.headers.get("x-request-id") ?? "";
     const tenant = options.tenantOf?.(request);
-    const stepKey = stepSessionOf(request, path);
+    let stepKey = stepSessionOf(request, path);
+    if (stepKey === "body") {
+      // Only the body names this step's session: read it here (within the app's limit), and hand the
+      // app the text read, since the request's own stream is spent.
+      let text: string;
+      try {
+        text = await readBodyText(request, bodyLimitBytes);
+      } catch (err) {
+        if (err instanceof Refusal) return refusalResponse(err, requestId);
+        throw err;
+      }
+      stepKey = bodySessionOf(request, path, text);
+      request = new Request(request, { body: text });
+      rest = rest.map((env) => withoutIncoming(env)) as never[];
+    }
     const stepSession = stepKey === undefined ? undefined : scopedSessionId(stepKey, tenant);
     if (stepSession !== undefined) {
       let held: boolean;

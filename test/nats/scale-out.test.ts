@@ -296,6 +296,50 @@ describe("a session taken over by another frontend (HTTP behind a non-sticky bal
       await eventually(() => f.scheduler.idleCheck().windowSlots === 0, `${f.id} idle`);
     }
   });
+
+  test("a step whose body alone names its session (metadata.session_id) is taken over too, its body intact", async () => {
+    const sim = fastSim(REPLICA);
+    const a = await startFrontend("body-a", sim, 4);
+    const b = await startFrontend("body-b", sim, 4);
+    await eventually(
+      () => [a, b].every((f) => f.frontend.windowAuthority?.view(REPLICA)?.accepting === true),
+      "both frontends take sessions",
+    );
+    const first = await a.scheduler.submit({
+      requestId: "body-key-1",
+      endpoint: "chat",
+      stream: false,
+      sessionId: "body-keyed",
+      input: { kind: "chat", messages: [{ role: "user", content: "first" }] },
+      maxTokens: 2,
+    });
+    for await (const _ of first) {
+      // drain
+    }
+    const sent = JSON.stringify({
+      model: "m",
+      messages: [{ role: "user", content: "second" }],
+      metadata: { session_id: "body-keyed" },
+    });
+    let seenBody = "";
+    const viaB = b.frontend.wrapFetch(async (request: Request, env?: { incoming?: unknown }) => {
+      seenBody = await request.text();
+      return new Response(
+        `${b.scheduler.getSession("body-keyed")?.steps ?? "none"} ${env?.incoming === undefined}`,
+      );
+    }, b.scheduler);
+    const response = await viaB(new Request("http://b/v1/chat/completions", { method: "POST", body: sent }), {
+      incoming: "spent",
+      outgoing: "kept",
+    } as never);
+    assert.equal(await response.text(), "1 true", "b holds the session with its history before the app runs");
+    assert.equal(seenBody, sent, "the app reads the body the wrapper read");
+    assert.equal(a.scheduler.getSession("body-keyed")?.state, "closed", "a let it go: one copy fleet-wide");
+    b.scheduler.closeSession("body-keyed");
+    for (const f of [a, b]) {
+      await eventually(() => f.scheduler.idleCheck().windowSlots === 0, `${f.id} idle`);
+    }
+  });
 });
 
 describe("a NATS restart mid-run", () => {
