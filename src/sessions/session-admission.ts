@@ -1135,7 +1135,26 @@ export class SessionAdmission {
       if (pastA !== pastB) return pastA ? -1 : 1;
       return backAt(b) - backAt(a);
     });
-    return [...idle, ...busy];
+    const order = [...idle, ...busy];
+    return this.sharing() ? this.byShareToLeave(order) : order;
+  }
+
+  /**
+   * A shared window's leave order: the lowest band first; within a band, tenants over their
+   * entitlement first, furthest over (usage ÷ entitlement) first; everyone else, and the sessions
+   * of one tenant, in the window's own order. A shrink then takes from whoever holds the most
+   * beyond their share, as a reclaim would, before anyone within theirs.
+   */
+  private byShareToLeave(order: SessionRecord[]): SessionRecord[] {
+    const shares = this.shares();
+    const over = (session: SessionRecord) => {
+      const ratio = shares.get(session.tenant)?.ratio ?? 0;
+      return ratio > 1 ? ratio : 0;
+    };
+    const rank = new Map(order.map((session, i) => [session, i]));
+    return order.sort(
+      (a, b) => BAND_RANK[b.band] - BAND_RANK[a.band] || over(b) - over(a) || rank.get(a)! - rank.get(b)!,
+    );
   }
 
   /**

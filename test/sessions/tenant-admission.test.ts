@@ -309,4 +309,22 @@ describe("a first step refused after admission", () => {
     closeAll("big", "b");
     isZero();
   });
+
+  it("when the window shrinks, pauses the tenant furthest over its share first, not the youngest sessions", async () => {
+    const { admission, step, isZero, closeAll } = setup({}, {}, { r1: 100_000 });
+    // a holds three sessions, b (arriving last, so the youngest) two: 60,000 against 40,000 of footprint.
+    for (const id of ["a1", "a2", "a3", "b1", "b2"]) {
+      const { session, admitted } = step(id, id.startsWith("a") ? "a" : "b", 10_000);
+      await admitted;
+      admission.endStep(session, { completed: true, contextTokens: 10_000 });
+    }
+    // 70,000 shared evenly is 35,000 each: a is at 1.7 × its share, b at 1.14 ×.
+    admission.setWindow("r1", 70_000, true);
+    const states = Object.fromEntries(
+      ["a1", "a2", "a3", "b1", "b2"].map((id) => [id, admission.get(id)!.state]),
+    );
+    assert.deepEqual(states, { a1: "active", a2: "paused", a3: "paused", b1: "active", b2: "active" });
+    closeAll("a1", "a2", "a3", "b1", "b2");
+    isZero();
+  });
 });
