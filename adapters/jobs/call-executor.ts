@@ -11,7 +11,7 @@ import {
 } from "../openai-api/call-request.js";
 import { collectCall, collectRaw } from "../openai-api/call-response.js";
 import { checkServedModel } from "../openai-api/schemas.js";
-import { readSessionKey } from "../openai-api/session-key.js";
+import { cacheHintOf, checkSessionKey, readSessionKey } from "../openai-api/session-key.js";
 import type { StoredCall } from "./types.js";
 
 /** What a run of a call came to. */
@@ -40,6 +40,8 @@ export interface CallOwner {
 export function checkCallBody(scheduler: HttpScheduler, call: StoredCall): CallBody {
   const shape = callBodyOf(call.endpoint, call.body);
   checkServedModel(scheduler.models(), shape.model);
+  // A Responses API `conversation` is a session key: an odd one is the 400 HTTP gives, naming it.
+  if (shape.conversation !== undefined) checkSessionKey(shape.conversation, "conversation");
   return shape;
 }
 
@@ -97,7 +99,7 @@ export async function executeCall(
   }
   const forwarded: Record<string, unknown> = { ...shape.body, stream: false };
   delete forwarded.stream_options;
-  const cacheHint = (shape.body as { prompt_cache_key?: unknown }).prompt_cache_key;
+  const cacheHint = cacheHintOf(shape.body);
   const req = buildCallRequest({
     requestId,
     endpoint: call.endpoint,
@@ -110,7 +112,7 @@ export async function executeCall(
     named: {
       ...(call.parentSessionId !== undefined ? { parent: call.parentSessionId } : {}),
       final: call.finalStep === true,
-      ...(typeof cacheHint === "string" && cacheHint !== "" && cacheHint.length <= 1024 ? { cacheHint } : {}),
+      ...(cacheHint !== undefined ? { cacheHint } : {}),
     },
     options: { declaredLane: options.lane ?? call.declaredLane, deadlineMs: call.deadlineMs },
     tenant: options.owner.tenant,

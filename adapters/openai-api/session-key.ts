@@ -137,9 +137,15 @@ export function readSessionKey(
     break;
   }
   if (read.parent !== undefined && (read.key === undefined || read.parent === read.key)) delete read.parent;
-  const hint = body?.prompt_cache_key;
-  if (typeof hint === "string" && hint !== "" && hint.length <= MAX_CACHE_HINT_LENGTH) read.cacheHint = hint;
+  const hint = cacheHintOf(body);
+  if (hint !== undefined) read.cacheHint = hint;
   return read;
+}
+
+/** A body's `prompt_cache_key` as a placement hint: a non-empty string within {@link MAX_CACHE_HINT_LENGTH}. */
+export function cacheHintOf(body: { prompt_cache_key?: unknown } | undefined): string | undefined {
+  const hint = body?.prompt_cache_key;
+  return typeof hint === "string" && hint !== "" && hint.length <= MAX_CACHE_HINT_LENGTH ? hint : undefined;
 }
 
 /** `x-dynamo-session-final`: `true` or `false` in any case (absent is false); anything else is a 400. */

@@ -357,6 +357,16 @@ describe("Prefer: respond-async", () => {
     assert.equal(responses.status, 202);
     const answered = await poll(`${s.url}${responses.headers.get("location")}`);
     assert.equal(((await answered.json()) as { object: string }).object, "response");
+    const oddConversation = await post(
+      `${s.url}/v1/responses`,
+      { model: MODEL, input: "x", conversation: "has space" },
+      { prefer: "respond-async" },
+    );
+    assert.equal(oddConversation.status, 400);
+    assert.equal(
+      ((await oddConversation.json()) as { error: { param: string } }).error.param,
+      "conversation",
+    );
     const bad = await post(
       `${s.url}/v1/chat/completions`,
       { model: MODEL, messages: [] },
